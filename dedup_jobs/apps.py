@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DedupJobsConfig(AppConfig):
+    name = "dedup_jobs"
+    verbose_name = "Dedup jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from dedup_jobs import checks, handlers
+
+        checks.register()
+        handlers.connect()

@@ -1,0 +1,148 @@
+"""System checks (``dedup_jobs.E0xx`` / ``W0xx``); every id is listed in docs/checks.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from dedup_jobs.conf import DEFAULTS, ON_STORE_ERROR_CHOICES
+from dedup_jobs.exceptions import InvalidJobConfiguration
+
+DOCS = "See docs/checks.md."
+
+
+def _error(id_: int, msg: str, hint: str) -> checks.CheckMessage:
+    return checks.Error(msg, hint=f"{hint} {DOCS}", id=f"dedup_jobs.E{id_:03d}")
+
+
+def _warning(id_: int, msg: str, hint: str) -> checks.CheckMessage:
+    return checks.Warning(msg, hint=f"{hint} {DOCS}", id=f"dedup_jobs.W{id_:03d}")
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    raw = getattr(settings, "DEDUP_JOBS", {})
+    if not isinstance(raw, dict):
+        return [_error(1, f"DEDUP_JOBS must be a dict, not {type(raw).__name__} ({raw!r}).",
+                       "Set DEDUP_JOBS = {'STORE': 'default', ...} or remove it.")]
+    errors: list[checks.CheckMessage] = []
+    for name in sorted(set(raw) - set(DEFAULTS)):
+        errors.append(_error(2, f"DEDUP_JOBS has an unknown key {name!r}.",
+                             f"Known keys: {', '.join(sorted(DEFAULTS))}."))
+    for name in ("DEFAULT_UNIQUE_FOR", "LEASE_SECONDS"):
+        value = raw.get(name, DEFAULTS[name])
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} is not a number of "
+                                    f"seconds above 0.", f"Set it to e.g. {DEFAULTS[name]}."))
+    value = raw.get("ON_STORE_ERROR", DEFAULTS["ON_STORE_ERROR"])
+    if value not in ON_STORE_ERROR_CHOICES:
+        errors.append(_error(3, f"DEDUP_JOBS['ON_STORE_ERROR'] = {value!r} is not one of "
+                                f"{ON_STORE_ERROR_CHOICES!r}.", "Use 'raise' or 'enqueue'."))
+    for name in ("KEY_PREFIX", "STORE", "DATABASE_ALIAS"):
+        value = raw.get(name, DEFAULTS[name])
+        if not isinstance(value, str) or not value:
+            errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be a non-empty "
+                                    f"string.", f"Default: {DEFAULTS[name]!r}."))
+    value = raw.get("SHOW_ARGS", True)
+    if not isinstance(value, bool):
+        errors.append(_error(3, f"DEDUP_JOBS['SHOW_ARGS'] = {value!r} must be True or False.",
+                             "Use a boolean."))
+    return errors
+
+
+def _store_aliases() -> dict[str, list[str]]:
+    """Every store alias in use: the default one and each registered job's, with users."""
+    from dedup_jobs.conf import app_settings
+
+    used: dict[str, list[str]] = {}
+    if isinstance(getattr(settings, "DEDUP_JOBS", {}), dict):
+        used.setdefault(app_settings.STORE, []).append("DEDUP_JOBS['STORE']")
+    for task in registered_jobs():
+        try:
+            used.setdefault(task.store_alias(), []).append(task.name)
+        except Exception:  # a via() method that fails is reported by the job check
+            continue
+    return used
+
+
+def registered_jobs() -> list[Any]:
+    """Every dedup job registered with the current Celery app (without finalizing it)."""
+    from celery import current_app
+
+    from dedup_jobs.jobs.base import DedupJob
+
+    tasks = current_app.tasks if current_app.finalized else {}
+    return sorted((t for t in tasks.values() if isinstance(t, DedupJob)), key=lambda t: t.name)
+
+
+def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from dedup_jobs.stores import store_class_for
+    from dedup_jobs.stores.cache import LOCAL_BACKEND, NON_ATOMIC_BACKENDS
+
+    messages: list[checks.CheckMessage] = []
+    caches = getattr(settings, "CACHES", {})
+    for alias, users in sorted(_store_aliases().items()):
+        who = ", ".join(users)
+        try:
+            store_class_for(alias)
+        except InvalidJobConfiguration as exc:
+            messages.append(_error(4, f"Unsupported dedup_jobs store {alias!r} (used by "
+                                      f"{who}): {exc}", "Use a django-redis cache, another "
+                                      "real cache, or 'database'."))
+            continue
+        backend = caches.get(alias, {}).get("BACKEND", "")
+        if backend in NON_ATOMIC_BACKENDS:
+            messages.append(_warning(1, f"dedup_jobs store {alias!r} ({backend}, used by {who}) "
+                                        f"is not atomic: two dispatches racing for one key can "
+                                        f"both publish.", "Use django-redis or the 'database' "
+                                        "store for locks that must hold under concurrency."))
+        elif backend == LOCAL_BACKEND:
+            messages.append(_warning(2, f"dedup_jobs store {alias!r} (LocMemCache, used by "
+                                        f"{who}) keeps locks inside one process: workers and "
+                                        f"web processes do not see each other's locks.",
+                                     "Use django-redis or the 'database' store in production."))
+    return messages
+
+
+def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    messages: list[checks.CheckMessage] = []
+    for task in registered_jobs():
+        try:
+            type(task).validate_options()
+        except InvalidJobConfiguration as exc:
+            messages.append(_error(5, str(exc), f"Fix the options of {task.name}."))
+    return messages
+
+
+def check_migrations(app_configs: Any = None, databases: Any = None,
+                     **kwargs: Any) -> list[checks.CheckMessage]:
+    """The database store needs the JobLock table (runs with --database / migrate)."""
+    from django.db import DatabaseError, connections
+
+    from dedup_jobs.conf import app_settings
+    from dedup_jobs.stores import DATABASE
+    from dedup_jobs.stores.database.models import JobLock
+
+    if DATABASE not in _store_aliases() or not databases:
+        return []
+    using = app_settings.DATABASE_ALIAS
+    if using not in databases:
+        return []
+    try:
+        tables = connections[using].introspection.table_names()
+    except DatabaseError as exc:
+        return [_error(6, f"The database store cannot read database {using!r}: {exc}",
+                       "Check DATABASES and DEDUP_JOBS['DATABASE_ALIAS'].")]
+    if JobLock._meta.db_table not in tables:
+        return [_error(6, f"The 'database' store is in use but table "
+                          f"{JobLock._meta.db_table!r} is missing in database {using!r}.",
+                       "Run: python manage.py migrate dedup_jobs")]
+    return []
+
+
+def register() -> None:
+    checks.register(check_settings, "dedup_jobs")
+    checks.register(check_stores, "dedup_jobs")
+    checks.register(check_jobs, "dedup_jobs")
+    checks.register(check_migrations, checks.Tags.database)

@@ -1,0 +1,71 @@
+"""The ``DEDUP_JOBS`` setting, read on every access so ``override_settings`` just works."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Store used by jobs that name none: a CACHES alias, or "database" for the JobLock model.
+    "STORE": "default",
+    # First part of every key: {KEY_PREFIX}:unique:{task}:{id}.
+    "KEY_PREFIX": "dedup_jobs",
+    # Lock lifetime (seconds) of a job that names no unique_for: the fail-safe expiry.
+    "DEFAULT_UNIQUE_FOR": 3600,
+    # A running job's lock lives this long and is renewed every third of it while the worker
+    # process is alive; a killed worker's lock is gone within this time.
+    "LEASE_SECONDS": 60,
+    # "raise": a dispatch while the store is down raises StoreUnavailable.
+    # "enqueue": it publishes without a lock and logs a warning.
+    "ON_STORE_ERROR": "raise",
+    # The database alias the "database" store writes to.
+    "DATABASE_ALIAS": "default",
+    # Show job arguments in the admin (escaped and truncated).
+    "SHOW_ARGS": True,
+}
+
+ON_STORE_ERROR_CHOICES = ("raise", "enqueue")
+
+
+class AppSettings:
+    """Typed view of ``settings.DEDUP_JOBS``; every key is optional."""
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        value = getattr(settings, "DEDUP_JOBS", None)
+        return value if isinstance(value, dict) else {}
+
+    def _get(self, name: str) -> Any:
+        return self.raw.get(name, DEFAULTS[name])
+
+    @property
+    def STORE(self) -> str:
+        return str(self._get("STORE"))
+
+    @property
+    def KEY_PREFIX(self) -> str:
+        return str(self._get("KEY_PREFIX"))
+
+    @property
+    def DEFAULT_UNIQUE_FOR(self) -> float:
+        return float(self._get("DEFAULT_UNIQUE_FOR"))
+
+    @property
+    def LEASE_SECONDS(self) -> float:
+        return float(self._get("LEASE_SECONDS"))
+
+    @property
+    def ON_STORE_ERROR(self) -> str:
+        return str(self._get("ON_STORE_ERROR"))
+
+    @property
+    def DATABASE_ALIAS(self) -> str:
+        return str(self._get("DATABASE_ALIAS"))
+
+    @property
+    def SHOW_ARGS(self) -> bool:
+        return bool(self._get("SHOW_ARGS"))
+
+
+app_settings = AppSettings()

@@ -1,0 +1,40 @@
+"""Exceptions raised by dedup_jobs. All share :class:`DedupError`, except
+:class:`InvalidJobConfiguration`, which is Django's ``ImproperlyConfigured`` as well."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class DedupError(Exception):
+    """Base class of every dedup_jobs error."""
+
+
+class StoreUnavailable(DedupError):
+    """The lock store could not be reached; nothing was published and nothing locked."""
+
+    def __init__(self, store: str, error: BaseException | str) -> None:
+        self.store = store
+        self.error = error
+        super().__init__(
+            f"dedup_jobs store {store!r} is unavailable ({error}). Nothing was published. "
+            f"Check the connection of that store, or set DEDUP_JOBS['ON_STORE_ERROR'] = 'enqueue' "
+            f"to publish without a lock while the store is down."
+        )
+
+
+class DuplicateJob(DedupError):
+    """Raised by a dispatch of a job with ``on_duplicate = "raise"`` while its lock is held."""
+
+    def __init__(self, task_name: str, key: str, holder_id: str) -> None:
+        self.task_name = task_name
+        self.key = key
+        self.holder_id = holder_id
+        super().__init__(
+            f"{task_name}: a copy with the same unique id is already queued or running "
+            f"(lock {key!r} held by task {holder_id}). Nothing was published."
+        )
+
+
+class InvalidJobConfiguration(DedupError, ImproperlyConfigured):
+    """A job class has options that cannot work; raised when the class is created."""

@@ -1,0 +1,139 @@
+"""What every dedup job shares: option validation at class creation, keys, store lookup and
+the message header that carries the key and owner token from dispatch to worker."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from celery.contrib.django.task import DjangoTask
+
+from dedup_jobs import keys
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import InvalidJobConfiguration
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import BaseStore
+
+logger = logging.getLogger("dedup_jobs")
+
+#: message header carrying {"key", "task", "id", "via"} from the dispatch to the worker
+HEADER = "dedup_jobs"
+
+
+def _run_parameters(cls: type) -> list[inspect.Parameter] | None:
+    """Parameters of ``cls.run`` as the caller passes them (no ``self``); None if unknown."""
+    raw = inspect.getattr_static(cls, "run", None)
+    if raw is None:
+        return None
+    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(raw, staticmethod) and params:
+        params = params[1:]  # self (class style, or bind=True)
+    return params
+
+
+class DedupJob(DjangoTask):  # type: ignore[misc]
+    """Base of the three job kinds. Not used directly."""
+
+    #: "unique" or "debounce": set by each kind; a class that is both is refused (U0)
+    dedup_kind: ClassVar[str] = ""
+    #: names of the options that define the key: unique_on/debounce_on etc., per kind
+    _key_fields_option: ClassVar[str] = ""
+    _id_hook: ClassVar[str] = ""
+    _via_option: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kinds = {getattr(base, "dedup_kind", "") for base in cls.__mro__} - {""}
+        if len(kinds) > 1:
+            raise InvalidJobConfiguration(
+                f"{cls.__qualname__} is both unique and debounced. A job is either one: "
+                f"keep UniqueJob/UniqueUntilProcessingJob or DebouncedJob, not both."
+            )
+        if "run" in cls.__dict__:
+            cls.validate_options()
+
+    @classmethod
+    def validate_options(cls) -> None:
+        """Raise InvalidJobConfiguration for options that cannot work. Extended per kind."""
+        fields = getattr(cls, cls._key_fields_option, None)
+        if fields is None:
+            return
+        if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+            raise InvalidJobConfiguration(
+                f"{cls._job_label()}: {cls._key_fields_option} = {fields!r} must be a tuple "
+                f"of argument names, e.g. ({fields!r},)."
+            )
+        params = _run_parameters(cls)
+        if params is None:
+            return
+        names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        accepts_any = any(p.kind is p.VAR_KEYWORD for p in params)
+        unknown = [f for f in fields if f not in names]
+        if unknown and not accepts_any:
+            raise InvalidJobConfiguration(
+                f"{cls._job_label()}: {cls._key_fields_option} names {unknown!r}, which "
+                f"run() does not take. Its arguments are {names!r}."
+            )
+
+    @classmethod
+    def _job_label(cls) -> str:
+        return str(cls.__dict__.get("name") or cls.__qualname__)
+
+    @staticmethod
+    def _positive(cls_label: str, option: str, value: Any) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise InvalidJobConfiguration(
+                f"{cls_label}: {option} = {value!r} must be a number of seconds above 0."
+            )
+
+    # -- keys and stores ----------------------------------------------------------------
+
+    def store_alias(self) -> str:
+        via = getattr(self, self._via_option, None)
+        if callable(via):
+            via = via()
+        return str(via) if via else app_settings.STORE
+
+    def store(self, alias: str | None = None) -> BaseStore:
+        return get_store(alias or self.store_alias())
+
+    def job_id(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
+        """The id part of the key: the job's hook (unique_id/debounce_id) or the bound
+        arguments named by unique_on/debounce_on (all arguments by default)."""
+        hook = getattr(self, self._id_hook, None)
+        if hook is not None:
+            return str(hook(*(args or ()), **(kwargs or {})))
+        return keys.default_id(
+            self.name, self.run, args, kwargs,
+            getattr(self, self._key_fields_option, None), self._id_hook,
+        )
+
+    def job_key(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> JobKey:
+        return keys.build_key(self.dedup_kind, self.name, self.job_id(args, kwargs))
+
+    def header(self) -> dict[str, Any] | None:
+        """The dedup header of the message being executed, if it has one."""
+        request = self.request
+        value = (getattr(request, "headers", None) or {}).get(HEADER)
+        if value is None:
+            value = getattr(request, HEADER, None)
+        return value if isinstance(value, dict) else None
+
+    @staticmethod
+    def key_from_header(header: Mapping[str, Any]) -> JobKey:
+        return JobKey(key=header["key"], task_name=header["task"], ident=header["id"])
+
+    @staticmethod
+    def with_header(options: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
+        headers = dict(options.get("headers") or {})
+        headers[HEADER] = header
+        return {**options, "headers": headers}

@@ -1,0 +1,225 @@
+"""UniqueJob and UniqueUntilProcessingJob: one copy queued (or running) per unique id.
+
+Where the lock is taken: :meth:`UniqueJob.apply_async` (dispatch, one store call).
+Where the worker checks: :meth:`UniqueJob.__call__` → ``store.start`` (one store call).
+Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
+``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from celery.exceptions import Ignore, Reject, Retry
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
+from dedup_jobs.jobs.base import DedupJob, logger
+from dedup_jobs.jobs.lease import leases
+from dedup_jobs.keys import JobKey
+from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
+from dedup_jobs.stores.base import BaseStore
+
+ON_DUPLICATE_CHOICES = ("return", "raise")
+
+
+class UniqueJob(DedupJob):
+    """A job of which at most one copy per unique id is queued or running (Laravel's
+    ``ShouldBeUnique``)."""
+
+    dedup_kind = "unique"
+    _key_fields_option = "unique_on"
+    _id_hook = "unique_id"
+    _via_option = "unique_via"
+
+    #: seconds; the fail-safe expiry of a lock whose job never ran (default:
+    #: DEDUP_JOBS["DEFAULT_UNIQUE_FOR"])
+    unique_for: float | None = None
+    #: argument names that form the key (default: all arguments of run)
+    unique_on: tuple[str, ...] | None = None
+    #: a CACHES alias or "database" (attribute, or a method returning it)
+    unique_via: Any = None
+    #: "return" the holder's AsyncResult (with .deduplicated True), or "raise" DuplicateJob
+    on_duplicate: str = "return"
+    #: release the lock just before run (UniqueUntilProcessingJob)
+    release_on_start: ClassVar[bool] = False
+
+    @classmethod
+    def validate_options(cls) -> None:
+        label = cls._job_label()
+        if getattr(cls, "debounce_for", None) is not None or getattr(cls, "max_wait", None):
+            raise InvalidJobConfiguration(
+                f"{label} is both unique and debounced (it sets debounce_for/max_wait). "
+                f"Use DebouncedJob for debouncing, or drop those options."
+            )
+        cls._positive(label, "unique_for", cls.unique_for)
+        if cls.on_duplicate not in ON_DUPLICATE_CHOICES:
+            raise InvalidJobConfiguration(
+                f"{label}: on_duplicate = {cls.on_duplicate!r} must be one of "
+                f"{ON_DUPLICATE_CHOICES!r}."
+            )
+        super().validate_options()
+
+    def lock_ttl(self) -> float:
+        return float(self.unique_for or app_settings.DEFAULT_UNIQUE_FOR)
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def apply_async(  # type: ignore[override]
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
+        request = self.request
+        retrying = task_id is not None and not request.called_directly and task_id == request.id
+        task_id = task_id or uuid()
+        key = self.job_key(args, kwargs)
+        alias = self.store_alias()
+        store = self.store(alias)
+        options = self.with_header(options, key.as_header(alias))
+        now = clock.now()
+        ttl = self.lock_ttl()
+        if retrying:
+            # A retry is always published; it keeps (or re-takes) its own lock for the wait.
+            delay = float(options.get("countdown") or 0)
+            self._try_acquire(store, key, task_id, ttl + delay, now, reentrant=True)
+            return super().apply_async(args, kwargs, task_id, **options)
+        try:
+            answer = store.acquire(key, task_id, ttl, now=now)
+        except StoreUnavailable:
+            if app_settings.ON_STORE_ERROR != "enqueue":
+                raise
+            logger.warning(
+                "%s[%s]: store %r unavailable, publishing without a lock "
+                "(ON_STORE_ERROR='enqueue').", self.name, task_id, alias, exc_info=True,
+            )
+            return super().apply_async(args, kwargs, task_id, **options)
+        if not answer.acquired:
+            return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
+        lock_acquired.send(sender=type(self), key=key.key, owner=task_id, store=alias)
+        try:
+            result = super().apply_async(args, kwargs, task_id, **options)
+        except BaseException:
+            # U6: never a lock with nothing queued.
+            store.release(key, task_id)
+            raise
+        result.deduplicated = False
+        return result
+
+    def _try_acquire(self, store: BaseStore, key: JobKey, owner: str, ttl: float, now: float,
+                     *, reentrant: bool) -> None:
+        try:
+            store.acquire(key, owner, ttl, now=now, reentrant=reentrant)
+        except StoreUnavailable:
+            logger.warning("%s[%s]: could not refresh the lock for a retry", self.name, owner,
+                           exc_info=True)
+
+    def _duplicate(self, key: JobKey, holder: str, task_id: str, args: Any, kwargs: Any,
+                   options: dict[str, Any]) -> AsyncResult:
+        unique_job_skipped.send(sender=type(self), task_id=task_id, holder_id=holder,
+                                key=key.key, stage="dispatch")
+        if self.on_duplicate == "raise":
+            raise DuplicateJob(self.name, key.key, holder)
+        if options.get("group_id") or options.get("chord"):
+            # The canvas froze this id into a group/chord result: publish it anyway; the
+            # worker-side check sees the other owner and completes it as SUCCESS/None.
+            return super().apply_async(args, kwargs, task_id, **options)
+        result = self.AsyncResult(holder)
+        result.deduplicated = True
+        return result
+
+    # -- worker -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        owner = request.id
+        header = self.header()
+        try:
+            if header is not None:
+                key, alias = self.key_from_header(header), str(header["via"])
+            else:
+                key, alias = self.job_key(args, kwargs), self.store_alias()
+        except Exception:
+            logger.warning("%s[%s]: no dedup key could be computed; running unchecked.",
+                           self.name, owner, exc_info=True)
+            return self.run(*args, **kwargs)
+        store = self.store(alias)
+        lease = app_settings.LEASE_SECONDS
+        try:
+            started = store.start(key, owner, lease, now=clock.now(),
+                                  release=self.release_on_start)
+        except StoreUnavailable:
+            logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
+                           self.name, owner, alias, exc_info=True)
+            return self.run(*args, **kwargs)
+        if not started.run:
+            return self._skip(key, str(started.holder))
+        if started.took:
+            lock_acquired.send(sender=type(self), key=key.key, owner=owner, store=alias)
+        if self.release_on_start:
+            if started.released:
+                lock_released.send(sender=type(self), key=key.key, owner=owner, store=alias,
+                                   reason="processing")
+            return self.run(*args, **kwargs)
+        with leases.hold(store, key, owner, lease):
+            try:
+                result = self.run(*args, **kwargs)
+            except Retry:
+                raise  # the retry was published with the lock kept for it
+            except Reject as exc:
+                if not exc.requeue:
+                    self._finish(store, key, owner, alias, "failure")
+                raise
+            except Ignore:
+                self._finish(store, key, owner, alias, "success")
+                raise
+            except BaseException:
+                self._finish(store, key, owner, alias, "failure")
+                raise
+        self._finish(store, key, owner, alias, "success")
+        return result
+
+    def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str) -> None:
+        try:
+            released = store.release(key, owner)
+        except StoreUnavailable:
+            logger.warning("%s[%s]: could not release %s; it expires within LEASE_SECONDS.",
+                           self.name, owner, key.key, exc_info=True)
+            return
+        if released:
+            lock_released.send(sender=type(self), key=key.key, owner=owner, store=alias,
+                               reason=reason)
+
+    def _skip(self, key: JobKey, holder: str) -> Any:
+        """W3: another owner holds the lock; this message's body does not run."""
+        request = self.request
+        unique_job_skipped.send(sender=type(self), task_id=request.id, holder_id=holder,
+                                key=key.key, stage="worker")
+        logger.info("%s[%s] skipped: %s is held by %s", self.name, request.id, key.key, holder)
+        if request.group or request.chord:
+            return None  # counts as done inside a group/chord, so the body still runs
+        if not (self.ignore_result or request.ignore_result):
+            self.backend.mark_as_revoked(
+                request.id, reason=f"duplicate: lock {key.key} is held by task {holder}",
+                request=request,
+            )
+        raise Ignore()
+
+
+class UniqueUntilProcessingJob(UniqueJob):
+    """Unique until a worker takes the message: the lock is released just before ``run``
+    (Laravel's ``ShouldBeUniqueUntilProcessing``)."""
+
+    release_on_start = True

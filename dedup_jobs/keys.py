@@ -1,0 +1,88 @@
+"""Building the key of a dispatch: ``{KEY_PREFIX}:{kind}:{task name}:{id}``.
+
+The default id binds the call's arguments to the signature of ``run`` (defaults applied), so
+``f(1)`` and ``f(x=1)`` share a key. An id longer than ``MAX_ID_LENGTH`` is replaced by a stable
+hash; the readable form travels beside it so the admin can still show it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dedup_jobs.conf import app_settings
+
+MAX_ID_LENGTH = 200
+MAX_READABLE_LENGTH = 500
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobKey:
+    """Where one dispatch's lock or debounce state lives."""
+
+    key: str  # the logical key, before the cache's own KEY_PREFIX/VERSION
+    task_name: str
+    ident: str  # the readable id (may be truncated for display)
+
+    def as_header(self, via: str) -> dict[str, str]:
+        return {"key": self.key, "task": self.task_name, "id": self.ident, "via": via}
+
+
+def signature_of(func: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+def bind_arguments(
+    func: Callable[..., Any], args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults applied (raises TypeError if they
+    do not fit the signature, like calling the function would)."""
+    bound = signature_of(func).bind(*(args or ()), **(kwargs or {}))
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _encode(task_name: str, name: str, value: Any, hook: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        raise TypeError(
+            f"{task_name}: cannot build the key from argument {name!r} = {shown} "
+            f"({type(value).__name__} is not JSON-serialisable). Define {hook}() on the job "
+            f"to return a string id, or leave {name!r} out of its key fields."
+        ) from exc
+
+
+def default_id(
+    task_name: str,
+    func: Callable[..., Any],
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    fields: Sequence[str] | None,
+    hook: str,
+) -> str:
+    """``name=value`` pairs of the bound arguments (only ``fields`` when given), values as
+    canonical JSON, joined with commas."""
+    arguments = bind_arguments(func, args, kwargs)
+    names = list(fields) if fields else list(arguments)
+    return ",".join(f"{name}={_encode(task_name, name, arguments[name], hook)}" for name in names)
+
+
+def build_key(kind: str, task_name: str, ident: str) -> JobKey:
+    ident = str(ident)
+    stored = ident
+    if len(ident) > MAX_ID_LENGTH:
+        stored = "sha256-" + hashlib.sha256(ident.encode("utf-8")).hexdigest()
+    readable = ident if len(ident) <= MAX_READABLE_LENGTH else ident[: MAX_READABLE_LENGTH - 1] + "…"
+    return JobKey(
+        key=f"{app_settings.KEY_PREFIX}:{kind}:{task_name}:{stored}",
+        task_name=task_name,
+        ident=readable,
+    )

@@ -1,0 +1,5 @@
+"""Django discovers the app's models here; they live beside the store that uses them."""
+
+from dedup_jobs.stores.database.models import JobLock
+
+__all__ = ["JobLock"]

@@ -1,0 +1,39 @@
+"""The database store's model: one row per held lock, unique on ``key``."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import models
+
+from dedup_jobs import clock
+
+
+class JobLockQuerySet(models.QuerySet["JobLock"]):
+    def held(self, now: datetime | None = None) -> JobLockQuerySet:
+        return self.filter(expires_at__gt=now or clock.to_datetime(clock.now()))
+
+    def expired(self, now: datetime | None = None) -> JobLockQuerySet:
+        return self.filter(expires_at__lte=now or clock.to_datetime(clock.now()))
+
+
+class JobLock(models.Model):
+    key = models.CharField(max_length=512, unique=True)
+    task_name = models.CharField(max_length=255, db_index=True)
+    ident = models.TextField("unique id", blank=True)
+    owner = models.CharField("owner task id", max_length=255)
+    state = models.CharField(max_length=16, default="queued")
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    objects = JobLockQuerySet.as_manager()
+
+    class Meta:
+        app_label = "dedup_jobs"
+        verbose_name = "held lock"
+        verbose_name_plural = "held locks"
+        ordering = ("expires_at",)
+        permissions = [("release_joblock", "Can release held locks")]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.ident}] held by {self.owner}"

@@ -1,0 +1,188 @@
+"""The database store: the ``JobLock`` model, with "must create" semantics.
+
+PostgreSQL and SQLite acquire in one statement (``INSERT … ON CONFLICT … DO UPDATE … WHERE
+expired … RETURNING``); other backends (MySQL, MariaDB) lock the row in a transaction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+
+from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, BaseStore, LockInfo, Started
+from dedup_jobs.stores.database.models import JobLock
+
+UPSERT_VENDORS = ("postgresql", "sqlite")
+
+# One statement: insert, or overwrite the row when it is free (expired) or, for a re-entrant
+# acquire / worker start, already ours. Returns the owner now in the row, and whether it is a
+# fresh take (acquired_at equals ours). {cond} is the overwrite condition.
+UPSERT = """
+INSERT INTO {t} ("key", task_name, ident, owner, state, acquired_at, expires_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT ("key") DO UPDATE SET
+  owner = CASE WHEN {cond} THEN EXCLUDED.owner ELSE {t}.owner END,
+  state = CASE WHEN {cond} THEN EXCLUDED.state ELSE {t}.state END,
+  task_name = CASE WHEN {cond} THEN EXCLUDED.task_name ELSE {t}.task_name END,
+  ident = CASE WHEN {cond} THEN EXCLUDED.ident ELSE {t}.ident END,
+  acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
+                     WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
+  expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END
+RETURNING owner, acquired_at = %s
+"""
+FREE = "{t}.expires_at <= EXCLUDED.acquired_at"
+MINE = "{t}.owner = EXCLUDED.owner"
+
+
+class DatabaseStore(BaseStore):
+    can_list = True
+
+    def __init__(self, alias: str = "database") -> None:
+        super().__init__(alias)
+
+    @property
+    def using(self) -> str:
+        return app_settings.DATABASE_ALIAS
+
+    def _dt(self, timestamp: float) -> Any:
+        return connections[self.using].ops.adapt_datetimefield_value(clock.to_datetime(timestamp))
+
+    def _upsert(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
+                *, overwrite_mine: bool, keep_acquired_if_mine: bool) -> tuple[str, bool]:
+        connection = connections[self.using]
+        table = connection.ops.quote_name(JobLock._meta.db_table)
+        free = FREE.format(t=table)
+        mine = MINE.format(t=table)
+        cond = f"({free} OR {mine})" if overwrite_mine else f"({free})"
+        keep = f"({mine} AND NOT {free})" if keep_acquired_if_mine else "(1 = 0)"
+        sql = UPSERT.format(t=table, cond=cond, keep=keep)
+        acquired_at = self._dt(now)
+        params = [key.key, key.task_name, key.ident, owner, state, acquired_at,
+                  self._dt(now + ttl), acquired_at]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            # fetchall, not fetchone: SQLite holds the write lock until RETURNING is drained.
+            ((holder, fresh),) = cursor.fetchall()
+        return str(holder), bool(fresh)
+
+    def _guard(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except IntegrityError:
+            raise
+        except DatabaseError as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def acquire(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+    ) -> Acquired:
+        return self._guard(self._acquire, key, owner, ttl, now, reentrant)  # type: ignore[no-any-return]
+
+    def _acquire(self, key: JobKey, owner: str, ttl: float, now: float,
+                 reentrant: bool) -> Acquired:
+        if connections[self.using].vendor in UPSERT_VENDORS:
+            holder, fresh = self._upsert(key, owner, QUEUED, now, ttl,
+                                         overwrite_mine=reentrant, keep_acquired_if_mine=False)
+            return Acquired(acquired=holder == owner and fresh, holder=holder)
+        return self._locked_take(key, owner, QUEUED, now, ttl, reentrant=reentrant)[0]
+
+    def _locked_take(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
+                     *, reentrant: bool) -> tuple[Acquired, bool]:
+        """Portable path: create, or lock the row and overwrite it when free (or ours).
+        Returns the answer and whether the row was free before."""
+        values = {"task_name": key.task_name, "ident": key.ident, "owner": owner,
+                  "state": state, "acquired_at": clock.to_datetime(now),
+                  "expires_at": clock.to_datetime(now + ttl)}
+        for _ in range(5):
+            try:
+                with transaction.atomic(using=self.using):
+                    JobLock.objects.using(self.using).create(key=key.key, **values)
+                return Acquired(acquired=True, holder=owner), True
+            except IntegrityError:
+                pass
+            with transaction.atomic(using=self.using):
+                row = (JobLock.objects.using(self.using).select_for_update()
+                       .filter(key=key.key).first())
+                if row is None:
+                    continue
+                free = row.expires_at <= clock.to_datetime(now)
+                if free or (reentrant and row.owner == owner):
+                    if not free and state == RUNNING:
+                        values["acquired_at"] = row.acquired_at
+                    JobLock.objects.using(self.using).filter(pk=row.pk).update(**values)
+                    return Acquired(acquired=True, holder=owner), free
+                return Acquired(acquired=False, holder=row.owner), False
+        return Acquired(acquired=False, holder=""), False
+
+    def start(
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+    ) -> Started:
+        return self._guard(self._start, key, owner, lease, now, release)  # type: ignore[no-any-return]
+
+    def _start(self, key: JobKey, owner: str, lease: float, now: float, release: bool) -> Started:
+        rows = JobLock.objects.using(self.using)
+        if release:
+            expired = rows.filter(key=key.key, expires_at__lte=clock.to_datetime(now))
+            mine = rows.filter(key=key.key, owner=owner)
+            deleted, _ = (mine | expired).delete()
+            if deleted:
+                return Started(run=True, holder=None, released=True)
+            holder = rows.held(clock.to_datetime(now)).filter(key=key.key).values_list(
+                "owner", flat=True).first()
+            if holder is not None and holder != owner:
+                return Started(run=False, holder=holder)
+            return Started(run=True, holder=None)
+        if connections[self.using].vendor in UPSERT_VENDORS:
+            holder, fresh = self._upsert(key, owner, RUNNING, now, lease,
+                                         overwrite_mine=True, keep_acquired_if_mine=True)
+            if holder != owner:
+                return Started(run=False, holder=holder)
+            return Started(run=True, holder=None, took=fresh)
+        answer, was_free = self._locked_take(key, owner, RUNNING, now, lease, reentrant=True)
+        if not answer.acquired:
+            return Started(run=False, holder=answer.holder)
+        return Started(run=True, holder=None, took=was_free)
+
+    def release(self, key: JobKey, owner: str) -> bool:
+        def delete() -> bool:
+            deleted, _ = JobLock.objects.using(self.using).filter(key=key.key, owner=owner).delete()
+            return bool(deleted)
+
+        return self._guard(delete)  # type: ignore[no-any-return]
+
+    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
+        def update() -> bool:
+            rows = JobLock.objects.using(self.using).filter(key=key.key, owner=owner)
+            rows.filter(expires_at__lt=clock.to_datetime(now + ttl)).update(
+                expires_at=clock.to_datetime(now + ttl))
+            return rows.exists()
+
+        return self._guard(update)  # type: ignore[no-any-return]
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _info(self, row: JobLock) -> LockInfo:
+        return LockInfo(
+            key=row.key, task_name=row.task_name, ident=row.ident, owner=row.owner,
+            state=row.state, acquired_at=row.acquired_at.timestamp(),
+            expires_at=row.expires_at.timestamp(), store=self.alias,
+        )
+
+    def get(self, key: JobKey) -> LockInfo | None:
+        def read() -> LockInfo | None:
+            row = JobLock.objects.using(self.using).held().filter(key=key.key).first()
+            return None if row is None else self._info(row)
+
+        return self._guard(read)  # type: ignore[no-any-return]
+
+    def iter_locks(self, *, batch_size: int = 500) -> Any:
+        rows = JobLock.objects.using(self.using).held().order_by("pk")
+        for row in rows.iterator(chunk_size=batch_size):
+            yield self._info(row)

@@ -1,0 +1,153 @@
+"""The django-redis store: one EVALSHA per decision, an index of held locks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.cache import caches
+
+from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores import lua
+from dedup_jobs.stores.base import QUEUED, Acquired, BaseStore, LockInfo, Started
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from django_redis.exceptions import ConnectionInterrupted
+    from redis.exceptions import ConnectionError, TimeoutError
+
+    return (ConnectionError, TimeoutError, ConnectionInterrupted)
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class RedisStore(BaseStore):
+    """Locks on a django-redis cache (``django_redis.cache.RedisCache``)."""
+
+    can_list = True
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        self.cache: Any = caches[alias]
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+        self._errors = _errors()
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            from django_redis import get_redis_connection
+
+            self._client = get_redis_connection(self.alias)
+        return self._client
+
+    def _script(self, name: str) -> Any:
+        script = self._scripts.get(name)
+        if script is None:
+            # register_script runs EVALSHA and loads the script only on NOSCRIPT.
+            script = self._scripts[name] = self.client.register_script(getattr(lua, name))
+        return script
+
+    def physical(self, key: str) -> str:
+        return str(self.cache.make_key(key))
+
+    def index_key(self) -> str:
+        return self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
+
+    def _call(self, name: str, key: JobKey, *args: Any) -> Any:
+        try:
+            return self._script(name)(keys=[self.physical(key.key), self.index_key()], args=args)
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def acquire(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+    ) -> Acquired:
+        ok, holder = self._call(
+            "ACQUIRE", key, owner, _ms(ttl), _ms(now), "1" if reentrant else "0",
+            key.task_name, key.ident,
+        )
+        return Acquired(acquired=bool(ok), holder=_text(holder))
+
+    def start(
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+    ) -> Started:
+        ok, what = self._call(
+            "START", key, owner, _ms(lease), _ms(now), "1" if release else "0",
+            key.task_name, key.ident,
+        )
+        if not ok:
+            return Started(run=False, holder=_text(what))
+        what = _text(what)
+        return Started(run=True, holder=None, took=what == "taken", released=what == "released")
+
+    def release(self, key: JobKey, owner: str) -> bool:
+        return bool(self._call("RELEASE", key, owner))
+
+    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
+        return bool(self._call("RENEW", key, owner, _ms(ttl), _ms(now)))
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _info(self, physical: str, fields: dict[bytes, bytes]) -> LockInfo | None:
+        if not fields or b"owner" not in fields:
+            return None
+        data = {_text(k): _text(v) for k, v in fields.items()}
+        prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:unique:")
+        return LockInfo(
+            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            task_name=data.get("task", ""),
+            ident=data.get("id", ""),
+            owner=data["owner"],
+            state=data.get("state", QUEUED),
+            acquired_at=int(data.get("acquired", "0")) / 1000,
+            expires_at=int(data["expires"]) / 1000 if "expires" in data else None,
+            store=self.alias,
+        )
+
+    def get(self, key: JobKey) -> LockInfo | None:
+        physical = self.physical(key.key)
+        try:
+            return self._info(physical, self.client.hgetall(physical))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
+        """Walk the index by expiry, ``batch_size`` locks per pipelined read."""
+        index = self.index_key()
+        start = 0
+        try:
+            while True:
+                members = self.client.zrange(index, start, start + batch_size - 1)
+                if not members:
+                    return
+                pipe = self.client.pipeline(transaction=False)
+                for member in members:
+                    pipe.hgetall(member)
+                for member, fields in zip(members, pipe.execute()):
+                    info = self._info(_text(member), fields)
+                    if info is not None:
+                        yield info
+                start += batch_size
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def trim_index(self) -> int:
+        """Drop index entries of locks that expired (their keys are gone already)."""
+        try:
+            return int(self.client.zremrangebyscore(self.index_key(), "-inf", f"({clock.now_ms()}"))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

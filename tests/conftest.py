@@ -1,0 +1,110 @@
+"""Fixtures: real services (skip with a reason naming the service, or fail when
+DEDUP_JOBS_REQUIRE_SERVICES=1), stores, and a real Celery worker."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from tests.celery_app import app as celery_app
+
+REQUIRE = os.environ.get("DEDUP_JOBS_REQUIRE_SERVICES") == "1"
+
+SERVICES = {
+    "redis": ("127.0.0.1", 6379),
+    "postgres": (settings.PG_HOST, 5432),
+    "rabbitmq": ("127.0.0.1", 5672),
+}
+
+
+def service_up(name: str) -> bool:
+    host, port = SERVICES[name]
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def need(name: str) -> None:
+    """Skip (or, with DEDUP_JOBS_REQUIRE_SERVICES=1, fail) when a service is missing."""
+    if service_up(name):
+        return
+    host, port = SERVICES[name]
+    message = f"{name} is not reachable at {host}:{port}"
+    if REQUIRE:
+        pytest.fail(f"{message} and DEDUP_JOBS_REQUIRE_SERVICES=1")
+    pytest.skip(message)
+
+
+@pytest.fixture(autouse=True)
+def _services(request: pytest.FixtureRequest) -> None:
+    for name in SERVICES:
+        if request.node.get_closest_marker(name):
+            need(name)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("postgres"):
+            item.add_marker(pytest.mark.django_db(databases=["default", "postgres"],
+                                                  transaction=True))
+        elif "store_name" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.django_db(transaction=True))
+
+
+@pytest.fixture
+def redis_client() -> Any:
+    need("redis")
+    import redis
+
+    return redis.Redis.from_url(f"{settings.REDIS_URL}/9")
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with empty lock, broker, result and run-record databases."""
+    if service_up("redis"):
+        import redis
+
+        for db in (9, 10, 11, 12):
+            redis.Redis.from_url(f"{settings.REDIS_URL}/{db}").flushdb()
+    from dedup_jobs.stores import _stores
+
+    _stores.clear()
+    yield
+    _stores.clear()
+
+
+STORE_PARAMS = [
+    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
+    pytest.param("locmem", id="locmem"),
+    pytest.param("database", id="database-sqlite"),
+    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+]
+
+
+def _store_settings(name: str) -> dict[str, Any]:
+    if name == "database-postgres":
+        return {"STORE": "database", "DATABASE_ALIAS": "postgres"}
+    return {"STORE": name, "DATABASE_ALIAS": "default"}
+
+
+@pytest.fixture(params=STORE_PARAMS)
+def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every job test runs on every store: django-redis (real Redis), locmem, the database
+    store on SQLite and on the real PostgreSQL."""
+    name: str = request.param
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, **_store_settings(name)}):
+        yield name
+
+
+@pytest.fixture
+def app() -> Any:
+    return celery_app

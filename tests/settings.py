@@ -1,0 +1,84 @@
+"""Settings for the test suite: real Redis, real PostgreSQL, SQLite, locmem."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
+PG_HOST = os.environ.get("DEDUP_JOBS_TEST_PG_HOST", "127.0.0.1")
+RABBITMQ_URL = os.environ.get("DEDUP_JOBS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "dedup_jobs",
+    "tests",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+_tmp = os.path.join(tempfile.gettempdir(), f"dedup_jobs_tests_{os.getpid()}")
+DATABASES = {
+    # A file, not :memory:, so that worker threads and the test share one database.
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": f"{_tmp}.sqlite3",
+        "TEST": {"NAME": f"{_tmp}_test.sqlite3"},
+    },
+    "postgres": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "dedup_jobs",
+        "USER": "postgres",
+        "HOST": PG_HOST,
+        "PORT": 5432,
+        "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}"},
+    },
+}
+
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "default"},
+    "locmem": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "locks"},
+    "redis": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"{REDIS_URL}/9",
+        "KEY_PREFIX": "t",
+    },
+}
+
+DEDUP_JOBS = {"STORE": "redis", "LEASE_SECONDS": 60}
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", f"{REDIS_URL}/10")
+CELERY_RESULT_BACKEND = f"{REDIS_URL}/11"
+
+SILENCED_SYSTEM_CHECKS = ["dedup_jobs.W002"]
