@@ -72,7 +72,7 @@ def registered_jobs() -> list[Any]:
 
     from dedup_jobs.jobs.base import DedupJob
 
-    tasks = current_app.tasks if current_app.finalized else {}
+    tasks = current_app.tasks if getattr(current_app, "finalized", False) else {}
     return sorted((t for t in tasks.values() if isinstance(t, DedupJob)), key=lambda t: t.name)
 
 

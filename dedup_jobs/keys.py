@@ -80,7 +80,9 @@ def build_key(kind: str, task_name: str, ident: str) -> JobKey:
     stored = ident
     if len(ident) > MAX_ID_LENGTH:
         stored = "sha256-" + hashlib.sha256(ident.encode("utf-8")).hexdigest()
-    readable = ident if len(ident) <= MAX_READABLE_LENGTH else ident[: MAX_READABLE_LENGTH - 1] + "…"
+    readable = ident
+    if len(ident) > MAX_READABLE_LENGTH:
+        readable = ident[: MAX_READABLE_LENGTH - 1] + "…"
     return JobKey(
         key=f"{app_settings.KEY_PREFIX}:{kind}:{task_name}:{stored}",
         task_name=task_name,

@@ -25,3 +25,6 @@ app.conf.update(
     result_expires=600,
 )
 app.autodiscover_tasks(["tests"], related_name="jobs")
+# Threads (dispatching tests, in-process workers) resolve shared tasks through the default
+# app, not this thread's current one.
+app.set_default()

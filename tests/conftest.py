@@ -53,8 +53,9 @@ def _services(request: pytest.FixtureRequest) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("postgres"):
-            item.add_marker(pytest.mark.django_db(databases=["default", "postgres"],
-                                                  transaction=True))
+            item.add_marker(
+                pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+            )
         elif "store_name" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.django_db(transaction=True))
 
@@ -75,8 +76,12 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 
         for db in (9, 10, 11, 12):
             redis.Redis.from_url(f"{settings.REDIS_URL}/{db}").flushdb()
+    from django.core.cache import caches
+
     from dedup_jobs.stores import _stores
 
+    for alias in ("default", "locmem"):
+        caches[alias].clear()
     _stores.clear()
     yield
     _stores.clear()

@@ -103,7 +103,9 @@ class UniqueJob(DedupJob):
                 "%s[%s]: store %r unavailable, publishing without a lock "
                 "(ON_STORE_ERROR='enqueue').", self.name, task_id, alias, exc_info=True,
             )
-            return super().apply_async(args, kwargs, task_id, **options)
+            result = super().apply_async(args, kwargs, task_id, **options)
+            result.deduplicated = False
+            return result
         if not answer.acquired:
             return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
         lock_acquired.send(sender=type(self), key=key.key, owner=task_id, store=alias)

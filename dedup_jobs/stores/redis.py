@@ -133,7 +133,7 @@ class RedisStore(BaseStore):
                 pipe = self.client.pipeline(transaction=False)
                 for member in members:
                     pipe.hgetall(member)
-                for member, fields in zip(members, pipe.execute()):
+                for member, fields in zip(members, pipe.execute(), strict=True):
                     info = self._info(_text(member), fields)
                     if info is not None:
                         yield info

@@ -25,6 +25,8 @@ class JobLock(models.Model):
     state = models.CharField(max_length=16, default="queued")
     acquired_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
+    # Set per acquire call so one statement can tell "taken now" from "already held".
+    nonce = models.CharField(max_length=40, default="", editable=False)
 
     objects = JobLockQuerySet.as_manager()
 

@@ -6,6 +6,7 @@ expired … RETURNING``); other backends (MySQL, MariaDB) lock the row in a tran
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
@@ -19,12 +20,9 @@ from dedup_jobs.stores.database.models import JobLock
 
 UPSERT_VENDORS = ("postgresql", "sqlite")
 
-# One statement: insert, or overwrite the row when it is free (expired) or, for a re-entrant
-# acquire / worker start, already ours. Returns the owner now in the row, and whether it is a
-# fresh take (acquired_at equals ours). {cond} is the overwrite condition.
 UPSERT = """
-INSERT INTO {t} ("key", task_name, ident, owner, state, acquired_at, expires_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+INSERT INTO {t} ("key", task_name, ident, owner, state, acquired_at, expires_at, nonce)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT ("key") DO UPDATE SET
   owner = CASE WHEN {cond} THEN EXCLUDED.owner ELSE {t}.owner END,
   state = CASE WHEN {cond} THEN EXCLUDED.state ELSE {t}.state END,
@@ -32,11 +30,17 @@ ON CONFLICT ("key") DO UPDATE SET
   ident = CASE WHEN {cond} THEN EXCLUDED.ident ELSE {t}.ident END,
   acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
                      WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
-  expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END
-RETURNING owner, acquired_at = %s
+  expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
+  nonce = CASE WHEN {keep} THEN 'held-' || EXCLUDED.nonce
+               WHEN {cond} THEN EXCLUDED.nonce ELSE {t}.nonce END
+RETURNING owner, nonce
 """
+# One statement: insert, or overwrite the row when it is free (expired) or, for a re-entrant
+# acquire / worker start, already ours ({cond}). The per-call nonce tells the outcomes apart:
+# returned as sent → taken now (row was free); "held-" + nonce → it was already ours ({keep});
+# anything else → another owner holds it.
 FREE = "{t}.expires_at <= EXCLUDED.acquired_at"
-MINE = "{t}.owner = EXCLUDED.owner"
+MINE = "({t}.owner = EXCLUDED.owner AND NOT {t}.expires_at <= EXCLUDED.acquired_at)"
 
 
 class DatabaseStore(BaseStore):
@@ -52,23 +56,44 @@ class DatabaseStore(BaseStore):
     def _dt(self, timestamp: float) -> Any:
         return connections[self.using].ops.adapt_datetimefield_value(clock.to_datetime(timestamp))
 
-    def _upsert(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
-                *, overwrite_mine: bool, keep_acquired_if_mine: bool) -> tuple[str, bool]:
+    def _upsert(
+        self,
+        key: JobKey,
+        owner: str,
+        state: str,
+        now: float,
+        ttl: float,
+        *,
+        overwrite_mine: bool,
+        keep_acquired_if_mine: bool,
+    ) -> tuple[str, str]:
+        """Returns (owner now in the row, "taken" | "held" | "other")."""
         connection = connections[self.using]
         table = connection.ops.quote_name(JobLock._meta.db_table)
         free = FREE.format(t=table)
         mine = MINE.format(t=table)
         cond = f"({free} OR {mine})" if overwrite_mine else f"({free})"
-        keep = f"({mine} AND NOT {free})" if keep_acquired_if_mine else "(1 = 0)"
+        keep = mine if keep_acquired_if_mine else "(1 = 0)"
         sql = UPSERT.format(t=table, cond=cond, keep=keep)
-        acquired_at = self._dt(now)
-        params = [key.key, key.task_name, key.ident, owner, state, acquired_at,
-                  self._dt(now + ttl), acquired_at]
+        nonce = uuid.uuid4().hex
+        params = [
+            key.key,
+            key.task_name,
+            key.ident,
+            owner,
+            state,
+            self._dt(now),
+            self._dt(now + ttl),
+            nonce,
+        ]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             # fetchall, not fetchone: SQLite holds the write lock until RETURNING is drained.
-            ((holder, fresh),) = cursor.fetchall()
-        return str(holder), bool(fresh)
+            ((holder, returned),) = cursor.fetchall()
+        outcome = (
+            "taken" if returned == nonce else "held" if returned == f"held-{nonce}" else "other"
+        )
+        return str(holder), outcome
 
     def _guard(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -85,21 +110,29 @@ class DatabaseStore(BaseStore):
     ) -> Acquired:
         return self._guard(self._acquire, key, owner, ttl, now, reentrant)  # type: ignore[no-any-return]
 
-    def _acquire(self, key: JobKey, owner: str, ttl: float, now: float,
-                 reentrant: bool) -> Acquired:
+    def _acquire(
+        self, key: JobKey, owner: str, ttl: float, now: float, reentrant: bool
+    ) -> Acquired:
         if connections[self.using].vendor in UPSERT_VENDORS:
-            holder, fresh = self._upsert(key, owner, QUEUED, now, ttl,
-                                         overwrite_mine=reentrant, keep_acquired_if_mine=False)
-            return Acquired(acquired=holder == owner and fresh, holder=holder)
+            holder, outcome = self._upsert(
+                key, owner, QUEUED, now, ttl, overwrite_mine=reentrant, keep_acquired_if_mine=False
+            )
+            return Acquired(acquired=outcome == "taken", holder=holder)
         return self._locked_take(key, owner, QUEUED, now, ttl, reentrant=reentrant)[0]
 
-    def _locked_take(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
-                     *, reentrant: bool) -> tuple[Acquired, bool]:
+    def _locked_take(
+        self, key: JobKey, owner: str, state: str, now: float, ttl: float, *, reentrant: bool
+    ) -> tuple[Acquired, bool]:
         """Portable path: create, or lock the row and overwrite it when free (or ours).
         Returns the answer and whether the row was free before."""
-        values = {"task_name": key.task_name, "ident": key.ident, "owner": owner,
-                  "state": state, "acquired_at": clock.to_datetime(now),
-                  "expires_at": clock.to_datetime(now + ttl)}
+        values = {
+            "task_name": key.task_name,
+            "ident": key.ident,
+            "owner": owner,
+            "state": state,
+            "acquired_at": clock.to_datetime(now),
+            "expires_at": clock.to_datetime(now + ttl),
+        }
         for _ in range(5):
             try:
                 with transaction.atomic(using=self.using):
@@ -108,8 +141,12 @@ class DatabaseStore(BaseStore):
             except IntegrityError:
                 pass
             with transaction.atomic(using=self.using):
-                row = (JobLock.objects.using(self.using).select_for_update()
-                       .filter(key=key.key).first())
+                row = (
+                    JobLock.objects.using(self.using)
+                    .select_for_update()
+                    .filter(key=key.key)
+                    .first()
+                )
                 if row is None:
                     continue
                 free = row.expires_at <= clock.to_datetime(now)
@@ -121,9 +158,7 @@ class DatabaseStore(BaseStore):
                 return Acquired(acquired=False, holder=row.owner), False
         return Acquired(acquired=False, holder=""), False
 
-    def start(
-        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
-    ) -> Started:
+    def start(self, key: JobKey, owner: str, lease: float, *, now: float, release: bool) -> Started:
         return self._guard(self._start, key, owner, lease, now, release)  # type: ignore[no-any-return]
 
     def _start(self, key: JobKey, owner: str, lease: float, now: float, release: bool) -> Started:
@@ -134,17 +169,22 @@ class DatabaseStore(BaseStore):
             deleted, _ = (mine | expired).delete()
             if deleted:
                 return Started(run=True, holder=None, released=True)
-            holder = rows.held(clock.to_datetime(now)).filter(key=key.key).values_list(
-                "owner", flat=True).first()
+            holder = (
+                rows.held(clock.to_datetime(now))
+                .filter(key=key.key)
+                .values_list("owner", flat=True)
+                .first()
+            )
             if holder is not None and holder != owner:
                 return Started(run=False, holder=holder)
             return Started(run=True, holder=None)
         if connections[self.using].vendor in UPSERT_VENDORS:
-            holder, fresh = self._upsert(key, owner, RUNNING, now, lease,
-                                         overwrite_mine=True, keep_acquired_if_mine=True)
-            if holder != owner:
+            holder, outcome = self._upsert(
+                key, owner, RUNNING, now, lease, overwrite_mine=True, keep_acquired_if_mine=True
+            )
+            if outcome == "other":
                 return Started(run=False, holder=holder)
-            return Started(run=True, holder=None, took=fresh)
+            return Started(run=True, holder=None, took=outcome == "taken")
         answer, was_free = self._locked_take(key, owner, RUNNING, now, lease, reentrant=True)
         if not answer.acquired:
             return Started(run=False, holder=answer.holder)
@@ -161,7 +201,8 @@ class DatabaseStore(BaseStore):
         def update() -> bool:
             rows = JobLock.objects.using(self.using).filter(key=key.key, owner=owner)
             rows.filter(expires_at__lt=clock.to_datetime(now + ttl)).update(
-                expires_at=clock.to_datetime(now + ttl))
+                expires_at=clock.to_datetime(now + ttl)
+            )
             return rows.exists()
 
         return self._guard(update)  # type: ignore[no-any-return]
@@ -170,9 +211,14 @@ class DatabaseStore(BaseStore):
 
     def _info(self, row: JobLock) -> LockInfo:
         return LockInfo(
-            key=row.key, task_name=row.task_name, ident=row.ident, owner=row.owner,
-            state=row.state, acquired_at=row.acquired_at.timestamp(),
-            expires_at=row.expires_at.timestamp(), store=self.alias,
+            key=row.key,
+            task_name=row.task_name,
+            ident=row.ident,
+            owner=row.owner,
+            state=row.state,
+            acquired_at=row.acquired_at.timestamp(),
+            expires_at=row.expires_at.timestamp(),
+            store=self.alias,
         )
 
     def get(self, key: JobKey) -> LockInfo | None:

@@ -1,0 +1,145 @@
+"""Job options are validated when the class is created; settings by system checks (A3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
+from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration
+
+
+def make(base: type, name: str = "t.job", **options: Any) -> type:
+    def run(self: Any, product_id: int, region: str = "eu") -> None:
+        return None
+
+    return type("Job", (base,), {"name": name, "run": run, **options})
+
+
+@pytest.mark.parametrize("value", [0, -1, "60", True])
+def test_unique_for_must_be_positive_seconds(value: Any) -> None:
+    """A3/Section 1: unique_for <= 0 (or not a number) fails at class creation."""
+    with pytest.raises(InvalidJobConfiguration, match=f"unique_for = {value!r}"):
+        make(UniqueJob, unique_for=value)
+
+
+def test_unknown_unique_on_name_is_refused() -> None:
+    """Section 1: unknown names in unique_on fail at class creation, naming them."""
+    with pytest.raises(InvalidJobConfiguration, match=r"\['product'\].*'product_id', 'region'"):
+        make(UniqueJob, unique_on=("product",))
+    make(UniqueJob, unique_on=("product_id",))
+
+
+def test_unique_on_must_be_a_tuple_of_names() -> None:
+    with pytest.raises(InvalidJobConfiguration, match="must be a tuple"):
+        make(UniqueJob, unique_on="product_id")
+
+
+def test_on_duplicate_choice() -> None:
+    with pytest.raises(InvalidJobConfiguration, match="on_duplicate = 'ignore'"):
+        make(UniqueJob, on_duplicate="ignore")
+
+
+def test_unique_and_debounced_at_once_is_refused() -> None:
+    """U0: a class that is both unique and debounced fails at class creation."""
+    with pytest.raises(InvalidJobConfiguration, match="both unique and debounced"):
+        type("Both", (UniqueJob, DebouncedJob), {"name": "t.both"})
+    with pytest.raises(InvalidJobConfiguration, match="both unique and debounced"):
+        make(UniqueUntilProcessingJob, debounce_for=30)
+
+
+def test_decorator_style_options_are_validated() -> None:
+    """Section 1: @task(base=UniqueJob, ...) options are checked when Celery builds the class."""
+    app = Celery("validation", set_as_current=False)
+
+    with pytest.raises(InvalidJobConfiguration, match="unique_for = -5"):
+
+        @app.task(base=UniqueJob, unique_for=-5, shared=False)
+        def bad(x: int) -> int:
+            return x
+
+        bad.name  # noqa: B018 - Celery builds the class lazily
+
+
+def test_invalid_configuration_is_improperly_configured_and_dedup_error() -> None:
+    """Section 1: InvalidJobConfiguration subclasses ImproperlyConfigured."""
+    assert issubclass(InvalidJobConfiguration, ImproperlyConfigured)
+    assert issubclass(InvalidJobConfiguration, DedupError)
+
+
+def ids(**settings: Any) -> set[str]:
+    with override_settings(**settings):
+        return {m.id for m in run_checks() if m.id and m.id.startswith("dedup_jobs.")}
+
+
+def test_default_test_settings_pass_the_checks() -> None:
+    """A3: a correct configuration reports nothing (W002 for locmem is silenced here)."""
+    assert ids() == set()
+
+
+@pytest.mark.parametrize(
+    ("dedup", "expected"),
+    [
+        ("not a dict", "dedup_jobs.E001"),
+        ({"STROE": "redis"}, "dedup_jobs.E002"),
+        ({"DEFAULT_UNIQUE_FOR": 0}, "dedup_jobs.E003"),
+        ({"LEASE_SECONDS": -1}, "dedup_jobs.E003"),
+        ({"ON_STORE_ERROR": "ignore"}, "dedup_jobs.E003"),
+        ({"SHOW_ARGS": "no"}, "dedup_jobs.E003"),
+        ({"STORE": "nowhere"}, "dedup_jobs.E004"),
+    ],
+)
+def test_bad_settings_are_reported(dedup: Any, expected: str) -> None:
+    """A3: bad DEDUP_JOBS keys or values are system-check errors with their own id."""
+    assert expected in ids(DEDUP_JOBS=dedup)
+
+
+def test_check_message_names_key_and_value() -> None:
+    """A3: the message names the exact key and bad value, with a hint."""
+    with override_settings(DEDUP_JOBS={"ON_STORE_ERROR": "ignore"}):
+        [message] = [m for m in run_checks() if m.id == "dedup_jobs.E003"]
+    assert "ON_STORE_ERROR" in message.msg and "'ignore'" in message.msg
+    assert message.hint and "'raise' or 'enqueue'" in message.hint
+
+
+def test_store_checks() -> None:
+    """A3/S2: DummyCache is an error; database and file caches warn; locmem warns."""
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "dummy": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"},
+        "db": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "c"},
+        "file": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": "/tmp/dedup-jobs-file-cache",
+        },
+    }
+    assert "dedup_jobs.E004" in ids(CACHES=caches, DEDUP_JOBS={"STORE": "dummy"})
+    assert "dedup_jobs.W001" in ids(CACHES=caches, DEDUP_JOBS={"STORE": "db"})
+    assert "dedup_jobs.W001" in ids(CACHES=caches, DEDUP_JOBS={"STORE": "file"})
+    assert "dedup_jobs.W002" in ids(
+        CACHES=caches, DEDUP_JOBS={"STORE": "default"}, SILENCED_SYSTEM_CHECKS=[]
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_missing_migrations_are_reported() -> None:
+    """A3: the database store without its table is a database check error."""
+    from django.db import connection
+
+    with override_settings(DEDUP_JOBS={"STORE": "database"}):
+        assert not [m for m in run_checks(databases=["default"]) if m.id == "dedup_jobs.E006"]
+        with connection.schema_editor() as editor:
+            from dedup_jobs.models import JobLock
+
+            editor.delete_model(JobLock)
+        try:
+            found = [m for m in run_checks(databases=["default"]) if m.id == "dedup_jobs.E006"]
+        finally:
+            with connection.schema_editor() as editor:
+                editor.create_model(JobLock)
+    assert found and "migrate dedup_jobs" in str(found[0].hint)

@@ -1,0 +1,205 @@
+"""Stores: one atomic round trip per decision (S1, S3), compare-and-delete (U4), S2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kombu
+import pytest
+import redis
+from celery.utils import uuid
+from django.db import connections
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from dedup_jobs import clock
+from dedup_jobs.jobs.base import HEADER
+from dedup_jobs.stores import get_store
+from tests import jobs
+
+MEMORY = "memory://"  # publish without touching Redis, so commandstats count only the store
+
+
+def delta(client: Any, action: Any) -> dict[str, int]:
+    """Commands the store's Redis database received from clients during ``action``, read with
+    MONITOR: commands run inside Lua scripts (marked "lua") and other databases (the result
+    backend, the tests' run records) are left out. What is left is the store's round trips."""
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    kwargs = client.connection_pool.connection_kwargs
+    watcher = redis.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379))
+    counts: dict[str, int] = {}
+    client.echo("warm")  # the marker's own connection is set up before we watch
+    with watcher.monitor() as monitor:
+        action()
+        marker = f"dedup-jobs-end-{uuid()}"
+        client.echo(marker)
+        for event in monitor.listen():
+            if marker in event["command"]:
+                break
+            if event.get("client_type") == "lua" or int(event.get("db", -1)) != db:
+                continue
+            name = event["command"].split(" ", 1)[0].lower()
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_round_trips_per_decision(redis_client: Any) -> None:
+    """S1 / section 8: on django-redis, a first dispatch, a duplicate, the worker start check
+    and the finish release are one command (EVALSHA) each."""
+    task = jobs.unique_sleep
+    with kombu.Connection(MEMORY) as memory:
+        task.apply_async((0,), connection=memory)  # loads the scripts once
+        task.apply((0,), headers=None)
+
+        first: list[Any] = []
+        assert delta(
+            redis_client, lambda: first.append(task.apply_async((1,), connection=memory))
+        ) == {"evalsha": 1}
+        assert first[0].deduplicated is False
+        dup: list[Any] = []
+        assert delta(
+            redis_client, lambda: dup.append(task.apply_async((1,), connection=memory))
+        ) == {"evalsha": 1}
+        assert dup[0].deduplicated is True
+
+    key = task.job_key((1,), {})
+    header = {HEADER: key.as_header("redis")}
+    # Worker side: start check (1) + release on success (1), nothing else.
+    assert delta(redis_client, lambda: task.apply((1,), task_id=first[0].id, headers=header)) == {
+        "evalsha": 2
+    }
+    assert task.store().get(key) is None
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_until_processing_start_is_one_round_trip(redis_client: Any) -> None:
+    """Section 8: the until-processing worker check and its release are one command."""
+    task = jobs.until_processing
+    with kombu.Connection(MEMORY) as memory:
+        task.apply_async((0,), connection=memory)
+        result = task.apply_async((1,), connection=memory)
+    header = {HEADER: task.job_key((1,), {}).as_header("redis")}
+    assert delta(redis_client, lambda: task.apply((1,), task_id=result.id, headers=header)) == {
+        "evalsha": 1
+    }
+    assert task.store().get(task.job_key((1,), {})) is None
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_index_lists_held_locks_without_keys(redis_client: Any) -> None:
+    """S1: held locks are indexed and listed without KEYS; released ones leave the index."""
+    store = get_store("redis")
+    with kombu.Connection(MEMORY) as memory:
+        results = [jobs.unique_sleep.apply_async((i,), connection=memory) for i in range(5)]
+    listed = delta(redis_client, lambda: listed_locks.extend(store.iter_locks()))
+    assert "keys" not in listed and "scan" not in listed
+    assert sorted(lock.owner for lock in listed_locks) == sorted(r.id for r in results)
+    store.release(jobs.unique_sleep.job_key((0,), {}), results[0].id)
+    assert len(list(store.iter_locks())) == 4
+
+
+listed_locks: list[Any] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset_listed() -> None:
+    listed_locks.clear()
+
+
+@pytest.mark.postgres
+@override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "postgres"})
+def test_postgres_acquire_is_one_statement() -> None:
+    """S3 / section 8: the database store acquires in one statement on PostgreSQL, for a free
+    lock and for a duplicate alike."""
+    store = get_store("database")
+    key = jobs.unique_sleep.job_key((1,), {})
+    with CaptureQueriesContext(connections["postgres"]) as queries:
+        first = store.acquire(key, "owner-1", 60, now=clock.now())
+    assert first.acquired and len(queries) == 1
+    assert "ON CONFLICT" in queries[0]["sql"]
+    with CaptureQueriesContext(connections["postgres"]) as queries:
+        second = store.acquire(key, "owner-2", 60, now=clock.now())
+    assert not second.acquired and second.holder == "owner-1" and len(queries) == 1
+
+
+def test_expired_lock_is_free_again(store_name: str) -> None:
+    """U5/S3: a lock past its expiry is free for the next owner (clock seam, no sleeping
+    where the store keeps its own time)."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    now = clock.now()
+    assert store.acquire(key, "a", 0.3, now=now).acquired
+    assert not store.acquire(key, "b", 60, now=now).acquired
+    if store_name.startswith("database"):
+        later = now + 1  # the database store compares against the clock seam
+    else:
+        import time
+
+        time.sleep(0.4)  # redis and caches expire keys themselves
+        later = clock.now()
+    answer = store.acquire(key, "b", 60, now=later)
+    assert answer.acquired and answer.holder == "b"
+
+
+def test_release_is_compare_and_delete(store_name: str) -> None:
+    """U4: release deletes only the owner's lock, never by key alone."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    owner = uuid()
+    assert store.acquire(key, owner, 60, now=clock.now()).acquired
+    assert store.release(key, "someone-else") is False
+    lock = store.get(key)
+    assert lock is not None and lock.owner == owner
+    assert store.release(key, owner) is True
+    assert store.get(key) is None
+    assert store.release(key, owner) is False
+
+
+def test_renew_never_shortens_and_only_for_owner(store_name: str) -> None:
+    """U5: renew extends the owner's lock, never shortens it, and ignores other owners."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    now = clock.now()
+    store.acquire(key, "a", 100, now=now)
+    assert store.renew(key, "b", 500, now=now) is False
+    assert store.renew(key, "a", 10, now=now) is True
+    lock = store.get(key)
+    assert lock is not None and lock.expires_at is not None
+    assert lock.expires_at == pytest.approx(now + 100, abs=1)
+    store.renew(key, "a", 500, now=now)
+    lock = store.get(key)
+    assert lock is not None and lock.expires_at == pytest.approx(now + 500, abs=1)
+
+
+def test_reentrant_acquire_refreshes_only_for_the_owner(store_name: str) -> None:
+    """U4: a retry re-acquires its own lock (re-entrant) but never another owner's."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    now = clock.now()
+    assert store.acquire(key, "a", 60, now=now).acquired
+    assert not store.acquire(key, "a", 60, now=now).acquired  # not re-entrant: held
+    assert store.acquire(key, "a", 60, now=now, reentrant=True).acquired
+    other = store.acquire(key, "b", 60, now=now, reentrant=True)
+    assert not other.acquired and other.holder == "a"
+
+
+def test_worker_start_decides_by_owner(store_name: str) -> None:
+    """W1: the worker check runs the holder (or a free key, taking it) and skips others."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    now = clock.now()
+    free = store.start(key, "a", 30, now=now, release=False)
+    assert free.run and free.took
+    lock = store.get(key)
+    assert lock is not None and lock.owner == "a" and lock.state == "running"
+    again = store.start(key, "a", 30, now=now, release=False)
+    assert again.run and not again.took
+    other = store.start(key, "b", 30, now=now, release=False)
+    assert not other.run and other.holder == "a"
+    released = store.start(key, "a", 30, now=now, release=True)
+    assert released.run and released.released
+    assert store.get(key) is None
