@@ -1,0 +1,133 @@
+"""What really happened to the demo's jobs, recorded from dedup_jobs' and Celery's signals.
+
+The demo prints nothing it did not observe: every line of its timeline is an event recorded
+here (or a figure read back from the database afterwards).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from celery.signals import after_task_publish, task_postrun, task_prerun
+
+from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
+
+ACQUIRED = "lock acquired"
+SKIPPED = "deduplicated"
+RELEASED = "lock released"
+PUBLISHED = "published"
+STARTED = "worker started"
+FINISHED = "worker finished"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    at: float  # time.monotonic()
+    kind: str
+    task_name: str
+    task_id: str  # the task the event is about (for SKIPPED: the holder it was merged into)
+    detail: str = ""
+
+
+class Timeline:
+    """Collects the events of the given task names, thread-safely, while connected."""
+
+    def __init__(self, task_names: Iterable[str]) -> None:
+        self.task_names = set(task_names)
+        self.events: list[Event] = []
+        self._changed = threading.Condition()
+
+    # -- recording ----------------------------------------------------------------------
+
+    def _add(self, kind: str, task_name: str, task_id: str, detail: str = "") -> None:
+        if task_name not in self.task_names:
+            return
+        event = Event(
+            at=time.monotonic(), kind=kind, task_name=task_name, task_id=task_id, detail=detail
+        )
+        with self._changed:
+            self.events.append(event)
+            self._changed.notify_all()
+
+    def _on_acquired(self, sender: Any, owner: str, **kwargs: Any) -> None:
+        self._add(ACQUIRED, sender.name, owner)
+
+    def _on_skipped(self, sender: Any, holder_id: str, stage: str, **kwargs: Any) -> None:
+        self._add(SKIPPED, sender.name, holder_id, stage)
+
+    def _on_released(self, sender: Any, owner: str, reason: str, **kwargs: Any) -> None:
+        self._add(RELEASED, sender.name, owner, reason)
+
+    def _on_published(self, sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
+        headers = headers or {}
+        self._add(PUBLISHED, str(headers.get("task", sender)), str(headers.get("id", "")))
+
+    def _on_prerun(self, task_id: str, task: Any, **kwargs: Any) -> None:
+        self._add(STARTED, task.name, task_id)
+
+    def _on_postrun(
+        self, task_id: str, task: Any, state: Any = None, retval: Any = None, **kwargs: Any
+    ) -> None:
+        self._add(FINISHED, task.name, task_id, f"{state}: {retval!r}")
+
+    _SIGNALS = (
+        (lock_acquired, "_on_acquired"),
+        (unique_job_skipped, "_on_skipped"),
+        (lock_released, "_on_released"),
+        (after_task_publish, "_on_published"),
+        (task_prerun, "_on_prerun"),
+        (task_postrun, "_on_postrun"),
+    )
+
+    def __enter__(self) -> Timeline:
+        for signal, method in self._SIGNALS:
+            signal.connect(getattr(self, method), weak=False, dispatch_uid=f"demo.{method}")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signal, _method in self._SIGNALS:
+            signal.disconnect(dispatch_uid=f"demo.{_method}")
+
+    # -- reading ------------------------------------------------------------------------
+
+    def of(self, task_name: str, since: float, kind: str | None = None) -> list[Event]:
+        with self._changed:
+            return [
+                e
+                for e in self.events
+                if e.task_name == task_name and e.at >= since and (kind is None or e.kind == kind)
+            ]
+
+    def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until ``predicate()`` holds (re-checked on every new event); False on
+        timeout."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(left, 0.1))
+        return True
+
+    def settled(self, task_name: str, since: float) -> Callable[[], bool]:
+        """A predicate: every published message of the task has finished, and every lock
+        taken for it has been released."""
+
+        def check() -> bool:
+            events = [e for e in self.events if e.task_name == task_name and e.at >= since]
+            ids = {
+                kind: {e.task_id for e in events if e.kind == kind}
+                for kind in (PUBLISHED, FINISHED, ACQUIRED, RELEASED)
+            }
+            return (
+                bool(ids[PUBLISHED])
+                and ids[PUBLISHED] <= ids[FINISHED]
+                and ids[ACQUIRED] <= ids[RELEASED]
+            )
+
+        return check

@@ -1,0 +1,90 @@
+"""The shop's background jobs, one of each kind dedup_jobs offers.
+
+- ``update_search_index``: decorator style ``UniqueJob``. Saving a product in the admin, a
+  bulk import and a price feed can all ask for the same re-index at once; one copy queued or
+  running is enough, because it reads the product's latest state when it runs.
+- ``RecalculateInvoice``: class style ``UniqueJob`` with its own ``unique_id()``: the key is
+  the invoice, whatever the ``reason`` argument says.
+- ``send_order_confirmation``: ``UniqueUntilProcessingJob``. Double clicks while the email
+  is queued collapse into one; once the worker has started on it, a new request (say the
+  customer changed the order) is queued again rather than lost.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import Any
+
+from celery import shared_task
+from django.core.mail import send_mail
+from django.db.models import F
+from django.utils import timezone
+
+from dedup_jobs import UniqueJob, UniqueUntilProcessingJob
+from example_project.celery import app
+from example_project.shop.models import Invoice, Order, Product
+
+#: Stand-ins for the slow part of each job: a search engine call, an SMTP round trip.
+INDEXING_SECONDS = 1.0
+SENDING_SECONDS = 0.3
+
+
+@shared_task(base=UniqueJob, unique_for=3600)
+def update_search_index(product_id: int) -> str:
+    """Rebuild one product's search document."""
+    product = Product.objects.get(pk=product_id)
+    document = f"{product.sku} {product.name} {product.description}".strip().lower()
+    time.sleep(INDEXING_SECONDS)
+    Product.objects.filter(pk=product_id).update(
+        search_document=document, indexed_at=timezone.now(), index_runs=F("index_runs") + 1
+    )
+    return f"indexed product {product_id}"
+
+
+class RecalculateInvoice(UniqueJob):
+    """Recompute an invoice's total from its order."""
+
+    name = "shop.recalculate_invoice"
+    unique_for = 600
+
+    def unique_id(self, invoice_id: int, **kwargs: Any) -> str:
+        return str(invoice_id)
+
+    def run(self, invoice_id: int, reason: str = "") -> str:
+        invoice = Invoice.objects.select_related("order__product").get(pk=invoice_id)
+        total = invoice.order.product.price * invoice.order.quantity
+        Invoice.objects.filter(pk=invoice_id).update(
+            total=total.quantize(Decimal("0.01")),
+            recalculated_at=timezone.now(),
+            recalculations=F("recalculations") + 1,
+        )
+        return f"invoice {invoice.number}: {total}"
+
+
+recalculate_invoice = app.register_task(RecalculateInvoice())
+
+
+@shared_task(base=UniqueUntilProcessingJob, unique_for=600)
+def send_order_confirmation(order_id: int) -> str:
+    """Email the customer the current state of their order."""
+    order = Order.objects.select_related("product").get(pk=order_id)
+    time.sleep(SENDING_SECONDS)
+    send_mail(
+        subject=f"Your order #{order.pk}",
+        message=f"Thank you! {order.quantity} x {order.product.name} is on its way.",
+        from_email=None,
+        recipient_list=[order.customer_email],
+    )
+    Order.objects.filter(pk=order_id).update(confirmations_sent=F("confirmations_sent") + 1)
+    return f"confirmation sent for order #{order_id}"
+
+
+# --- DebouncedJob: NOT BUILT YET --------------------------------------------------------
+# DebouncedJob arrives with the debounce issue (#4). When it lands, add here:
+#
+#     @shared_task(base=DebouncedJob, debounce_for=2, max_wait=10)
+#     def rebuild_product_feed(category: str, requested_by: str = "") -> str:
+#         """Regenerate the product feed once a burst of product edits has settled."""
+#
+# and the matching section of the demo command (management/commands/demo.py).
