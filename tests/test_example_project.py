@@ -118,8 +118,17 @@ def test_demo_on_redis(tmp_path: Path) -> None:
     assert UNTIL_PROCESSING_FIGURES in result.stdout, result.stdout
 
 
+def test_demo_never_hangs(tmp_path: Path) -> None:
+    """The demo's own contract (no SPEC rule): past --timeout it stops with exit status 3 and
+    says why, whatever it was waiting for."""
+    result = manage("demo", "--timeout", "0.3", db=tmp_path / "demo.sqlite3")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "gave up after 0.3s (--timeout)" in result.stderr
+
+
 def test_demo_refuses_a_bad_burst_size(tmp_path: Path) -> None:
-    """A bad option value is named in the error, with a non-zero exit and no traceback."""
+    """The demo's own contract (no SPEC rule): a bad option value is named in the error,
+    with a non-zero exit and no traceback."""
     result = manage("demo", "--threads", "0", db=tmp_path / "demo.sqlite3")
     assert result.returncode != 0
     assert "'0' must be a whole number of at least 1" in result.stderr
