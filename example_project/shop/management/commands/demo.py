@@ -281,10 +281,15 @@ class Command(BaseCommand):
         )
         if not started:
             self.problems.append("send_order_confirmation did not start within 10s")
+        during_at = time.monotonic()
         during = task.delay(order.pk)
         if not self.timeline.wait(self.timeline.settled(task.name, t0), timeout=20):
             self.problems.append("send_order_confirmation: runs or releases not seen within 20s")
         events = self.timeline.of(task.name, t0)
+        first_done = min(
+            (e.at for e in events if e.kind == FINISHED and e.task_id == first.id), default=None
+        )
+        when = "during processing" if first_done and during_at < first_done else "afterwards"
         self.print_events(events, t0)
         dispatched = [first, *clicks, during]
         published = [e for e in events if e.kind == PUBLISHED]
@@ -294,7 +299,7 @@ class Command(BaseCommand):
         self.figures(
             f"dispatched {len(dispatched)}, published {len(published)}, "
             f"deduplicated {sum(bool(r.deduplicated) for r in dispatched)}, "
-            f"ran {ran} ({emails} emails sent); the dispatch during processing was "
+            f"ran {ran} ({emails} emails sent); the dispatch {when} was "
             f"{'deduplicated' if during.deduplicated else 'published'}"
         )
         self.say("")
