@@ -131,3 +131,62 @@ class Timeline:
             )
 
         return check
+
+
+# -- rendering ----------------------------------------------------------------------------
+
+
+def short(task_id: str) -> str:
+    return task_id[:8]
+
+
+def describe(event: Event) -> str:
+    task = short(event.task_id)
+    if event.kind == ACQUIRED:
+        return f"lock acquired by task {task}"
+    if event.kind == PUBLISHED:
+        return f"message published for task {task}"
+    if event.kind == STARTED:
+        return f"worker started task {task}"
+    if event.kind == FINISHED:
+        return f"worker finished task {task}: {event.detail}"
+    if event.kind == RELEASED:
+        return f"lock of task {task} released ({event.detail})"
+    return f"{event.kind} {task} {event.detail}"
+
+
+def render(events: list[Event], t0: float, *, burst: tuple[float, int] | None = None) -> list[str]:
+    """One line per event, times relative to ``t0``, except that a run of deduplicated
+    dispatches merged into the same holder is one line. ``burst`` = (end, dispatches)."""
+    lines: list[tuple[float, str]] = []
+    pending: list[Event] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        first, last = pending[0], pending[-1]
+        span = f"+{first.at - t0:.3f}s"
+        if len(pending) > 1:
+            span += f"..+{last.at - t0:.3f}s"
+        noun = "dispatch" if len(pending) == 1 else "dispatches"
+        where = "" if first.detail == "dispatch" else f" (at the {first.detail})"
+        text = (
+            f"{span}  {len(pending)} {noun} deduplicated{where}: "
+            f"returned AsyncResult({short(first.task_id)})"
+        )
+        lines.append((first.at, text))
+        pending.clear()
+
+    for event in events:
+        if event.kind == SKIPPED:
+            if pending and pending[-1].task_id != event.task_id:
+                flush()
+            pending.append(event)
+            continue
+        flush()
+        lines.append((event.at, f"+{event.at - t0:.3f}s  {describe(event)}"))
+    flush()
+    if burst is not None:
+        end, total = burst
+        lines.append((end, f"+{end - t0:.3f}s  burst over: {total} dispatches in {end - t0:.3f}s"))
+    return [text for _at, text in sorted(lines, key=lambda line: line[0])]

@@ -26,14 +26,13 @@ from django.db import connections
 from example_project.celery import app
 from example_project.shop import tasks
 from example_project.shop.demo_timeline import (
-    ACQUIRED,
     FINISHED,
     PUBLISHED,
     RELEASED,
-    SKIPPED,
-    STARTED,
     Event,
     Timeline,
+    render,
+    short,
 )
 from example_project.shop.models import Order, Product
 
@@ -53,10 +52,6 @@ def positive_float(value: str) -> float:
     if number <= 0:
         raise ArgumentTypeError(f"{value!r} must be a number of seconds above 0")
     return number
-
-
-def short(task_id: str) -> str:
-    return task_id[:8]
 
 
 @contextmanager
@@ -309,60 +304,8 @@ class Command(BaseCommand):
     def print_events(
         self, events: list[Event], t0: float, burst: tuple[float, int] | None = None
     ) -> None:
-        """One line per event, except that a run of deduplicated dispatches is one line."""
-        lines: list[tuple[float, str]] = []
-        pending: list[Event] = []
-
-        def flush() -> None:
-            if not pending:
-                return
-            first, last = pending[0], pending[-1]
-            span = (
-                f"+{first.at - t0:.3f}s"
-                if len(pending) == 1
-                else f"+{first.at - t0:.3f}s..+{last.at - t0:.3f}s"
-            )
-            noun = "dispatch" if len(pending) == 1 else "dispatches"
-            where = "" if first.detail == "dispatch" else f" (at the {first.detail})"
-            lines.append(
-                (
-                    first.at,
-                    f"{span}  {len(pending)} {noun} deduplicated{where}: "
-                    f"returned AsyncResult({short(first.task_id)})",
-                )
-            )
-            pending.clear()
-
-        for event in events:
-            if event.kind == SKIPPED:
-                if pending and pending[-1].task_id != event.task_id:
-                    flush()
-                pending.append(event)
-                continue
-            flush()
-            lines.append((event.at, f"+{event.at - t0:.3f}s  {self.describe(event)}"))
-        flush()
-        if burst is not None:
-            end, total = burst
-            lines.append(
-                (end, f"+{end - t0:.3f}s  burst over: {total} dispatches in {end - t0:.3f}s")
-            )
-        for _at, text in sorted(lines, key=lambda line: line[0]):
-            self.say(f"   {text}")
-
-    def describe(self, event: Event) -> str:
-        task = short(event.task_id)
-        if event.kind == ACQUIRED:
-            return f"lock acquired by task {task}"
-        if event.kind == PUBLISHED:
-            return f"message published for task {task}"
-        if event.kind == STARTED:
-            return f"worker started task {task}"
-        if event.kind == FINISHED:
-            return f"worker finished task {task}: {event.detail}"
-        if event.kind == RELEASED:
-            return f"lock of task {task} released ({event.detail})"
-        return f"{event.kind} {task} {event.detail}"
+        for line in render(events, t0, burst=burst):
+            self.say(f"   {line}")
 
     def figures(self, text: str) -> None:
         self.say("   " + self.style.SUCCESS(text))
