@@ -118,13 +118,15 @@ class Command(BaseCommand):
                     loglevel=loglevel,
                     timer_precision=0.1,
                 ) as worker:
-                    self.part_unique(product, threads, per_thread)
-                    self.part_until_processing(order)
-                    # DebouncedJob (issue #4) is not built yet: its part ("dispatched N,
-                    # ran 1, with the last arguments") goes here once it lands.
-                    # A warm shutdown through the broker: the worker stops at once instead
-                    # of finishing its current 2-second broker poll.
-                    app.control.shutdown(destination=[worker.hostname])
+                    try:
+                        self.part_unique(product, threads, per_thread)
+                        self.part_until_processing(order)
+                        # DebouncedJob (issue #4) is not built yet: its part ("dispatched N,
+                        # ran 1, with the last arguments") goes here once it lands.
+                    finally:
+                        # A warm shutdown through the broker: the worker stops at once
+                        # instead of finishing its current 2-second broker poll.
+                        app.control.shutdown(destination=[worker.hostname])
             connections.close_all()
             self.footer(time.monotonic() - started)
         if self.problems:
