@@ -117,7 +117,8 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
 
 def check_migrations(app_configs: Any = None, databases: Any = None,
                      **kwargs: Any) -> list[checks.CheckMessage]:
-    """The database store needs the JobLock table (runs with --database / migrate)."""
+    """The database store needs the JobLock table (runs with --database / migrate):
+    E006 when the database cannot be read, W003 when the table is missing."""
     from django.db import DatabaseError, connections
 
     from dedup_jobs.conf import app_settings
@@ -135,7 +136,9 @@ def check_migrations(app_configs: Any = None, databases: Any = None,
         return [_error(6, f"The database store cannot read database {using!r}: {exc}",
                        "Check DATABASES and DEDUP_JOBS['DATABASE_ALIAS'].")]
     if JobLock._meta.db_table not in tables:
-        return [_error(6, f"The 'database' store is in use but table "
+        # A warning, not an error: "migrate" runs database checks first and must not be
+        # refused by the very table it is about to create.
+        return [_warning(3, f"The 'database' store is in use but table "
                           f"{JobLock._meta.db_table!r} is missing in database {using!r}.",
                        "Run: python manage.py migrate dedup_jobs")]
     return []
