@@ -105,6 +105,30 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return messages
 
 
+def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The database store's statements run on DATABASE_ALIAS's connection: inside a request's
+    transaction there (ATOMIC_REQUESTS), a lock is invisible to workers until the commit."""
+    from dedup_jobs.conf import app_settings
+    from dedup_jobs.stores import DATABASE
+
+    if DATABASE not in _store_aliases():
+        return []
+    alias = app_settings.DATABASE_ALIAS
+    databases = getattr(settings, "DATABASES", {})
+    if alias not in databases:
+        return [_error(3, f"DEDUP_JOBS['DATABASE_ALIAS'] = {alias!r} is not in DATABASES "
+                          f"({sorted(databases)}).", "Name a configured database alias.")]
+    if databases[alias].get("ATOMIC_REQUESTS"):
+        return [_warning(4, f"The 'database' store writes locks through DATABASES[{alias!r}], "
+                            f"which has ATOMIC_REQUESTS: a dispatch inside a request takes its "
+                            f"lock inside the request's transaction, so workers wait for the "
+                            f"commit and a rollback drops the lock.",
+                         "Add a second DATABASES entry for the same database without "
+                         "ATOMIC_REQUESTS and set DEDUP_JOBS['DATABASE_ALIAS'] to it, or "
+                         "dispatch with delay_on_commit().")]
+    return []
+
+
 def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     messages: list[checks.CheckMessage] = []
     for task in registered_jobs():
@@ -148,4 +172,5 @@ def register() -> None:
     checks.register(check_settings, "dedup_jobs")
     checks.register(check_stores, "dedup_jobs")
     checks.register(check_jobs, "dedup_jobs")
+    checks.register(check_database_alias, "dedup_jobs")
     checks.register(check_migrations, checks.Tags.database)

@@ -20,3 +20,12 @@ def now_ms() -> int:
 
 def to_datetime(timestamp: float) -> datetime:
     return datetime.fromtimestamp(timestamp, tz=timezone.utc)
+
+
+def db_datetime(timestamp: float) -> datetime:
+    """``timestamp`` as Django stores datetimes: aware (UTC) with USE_TZ, naive local without."""
+    from django.conf import settings
+    from django.utils import timezone as dj_timezone
+
+    value = to_datetime(timestamp)
+    return value if settings.USE_TZ else dj_timezone.make_naive(value)

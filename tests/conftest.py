@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -16,10 +17,12 @@ from tests.celery_app import app as celery_app
 
 REQUIRE = os.environ.get("DEDUP_JOBS_REQUIRE_SERVICES") == "1"
 
+_redis = urlsplit(settings.REDIS_URL)
+_rabbit = urlsplit(settings.RABBITMQ_URL)
 SERVICES = {
-    "redis": ("127.0.0.1", 6379),
+    "redis": (_redis.hostname or "127.0.0.1", _redis.port or 6379),
     "postgres": (settings.PG_HOST, 5432),
-    "rabbitmq": ("127.0.0.1", 5672),
+    "rabbitmq": (_rabbit.hostname or "127.0.0.1", _rabbit.port or 5672),
 }
 
 

@@ -126,6 +126,17 @@ def test_store_checks() -> None:
     )
 
 
+def test_database_alias_checks() -> None:
+    """A3: an unknown DATABASE_ALIAS is an error; one with ATOMIC_REQUESTS a warning (W004)."""
+    from django.conf import settings
+
+    assert "dedup_jobs.E003" in ids(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "nope"})
+    atomic = {**settings.DATABASES, "default": {**settings.DATABASES["default"],
+                                                "ATOMIC_REQUESTS": True}}
+    assert "dedup_jobs.W004" in ids(DATABASES=atomic, DEDUP_JOBS={"STORE": "database"})
+    assert "dedup_jobs.W004" not in ids(DEDUP_JOBS={"STORE": "database"})
+
+
 @pytest.mark.django_db(transaction=True)
 def test_missing_migrations_are_reported() -> None:
     """A3: the database store without its table is a database check warning (not an error:

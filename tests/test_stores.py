@@ -13,6 +13,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from dedup_jobs import clock
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.stores import get_store
 from tests import jobs
@@ -203,3 +204,71 @@ def test_worker_start_decides_by_owner(store_name: str) -> None:
     released = store.start(key, "a", 30, now=now, release=True)
     assert released.run and released.released
     assert store.get(key) is None
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_error_replies_are_store_unavailable(redis_client: Any) -> None:
+    """S4/W4: an error reply (here WRONGTYPE; READONLY, OOM, NOPERM alike) is
+    StoreUnavailable, not a raw redis exception."""
+    store = get_store("redis")
+    key = jobs.unique_sleep.job_key((1,), {})
+    redis_client.set(store.physical(key.key), "not a hash")
+    with pytest.raises(StoreUnavailable, match="WRONGTYPE"):
+        store.acquire(key, "a", 60, now=clock.now())
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_times_come_from_the_server_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """S1: a client whose clock is an hour off neither lengthens a lock nor hides it from
+    the index (times come from Redis' own TIME)."""
+    import time
+
+    store = get_store("redis")
+    monkeypatch.setattr(clock, "now", lambda: time.time() + 3600)
+    key = jobs.unique_sleep.job_key((1,), {})
+    assert store.acquire(key, "a", 60, now=clock.now()).acquired
+    lock = store.get(key)
+    assert lock is not None and lock.expires_at is not None
+    assert lock.expires_at == pytest.approx(time.time() + 60, abs=5)
+    monkeypatch.setattr(clock, "now", lambda: time.time() + 7200)
+    store.acquire(jobs.unique_sleep.job_key((2,), {}), "b", 60, now=clock.now())
+    assert {lock.owner for lock in store.iter_locks()} == {"a", "b"}
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(DEDUP_JOBS={"STORE": "database"})
+def test_database_release_is_one_delete_even_with_delete_receivers() -> None:
+    """U4: release stays a single compare-and-delete statement when the project connects
+    pre/post_delete receivers (which turn QuerySet.delete() into select-then-delete)."""
+    from django.db.models.signals import pre_delete
+
+    def receiver(**kwargs: Any) -> None:
+        pass
+
+    pre_delete.connect(receiver, weak=False)
+    try:
+        store = get_store("database")
+        key = jobs.unique_sleep.job_key((1,), {})
+        store.acquire(key, "a", 60, now=clock.now())
+        with CaptureQueriesContext(connections["default"]) as queries:
+            assert store.release(key, "b") is False
+            assert store.release(key, "a") is True
+        assert [q["sql"].split()[0] for q in queries] == ["DELETE", "DELETE"]
+    finally:
+        pre_delete.disconnect(receiver)
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(USE_TZ=False, DEDUP_JOBS={"STORE": "database"})
+def test_database_store_without_time_zones() -> None:
+    """S3: the database store works with USE_TZ = False (naive local datetimes)."""
+    store = get_store("database")
+    key = jobs.unique_sleep.job_key((1,), {})
+    now = clock.now()
+    assert store.acquire(key, "a", 60, now=now).acquired
+    assert not store.acquire(key, "b", 60, now=now).acquired
+    lock = store.get(key)
+    assert lock is not None and lock.owner == "a"
+    assert store.acquire(key, "b", 60, now=now + 61).acquired

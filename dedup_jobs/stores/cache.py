@@ -2,8 +2,9 @@
 cache session backend does). Atomic on locmem and memcached; the database and file caches
 are accepted with a system-check warning; DummyCache is refused.
 
-Release and renew read then write (two cache calls): a lock that expires between the two can
-be deleted by its former owner. The django-redis and database stores have no such window.
+Release, renew and the worker check read then write (two cache calls): a lock that expires
+between the two can be deleted or overwritten by its former owner. The django-redis and
+database stores have no such window.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from django.core.cache import caches
 
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, BaseStore, LockInfo, Started
 
@@ -61,8 +63,7 @@ class CacheStore(BaseStore):
                 self.cache.set(key.key, self._value(key, owner, QUEUED, now, ttl), ttl)
                 return Acquired(acquired=True, holder=owner)
             return Acquired(acquired=False, holder=str(current["owner"]))
-        # The key flapped five times in a row: report it held by nobody we know.
-        return Acquired(acquired=False, holder="")
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool

@@ -7,7 +7,6 @@ from typing import Any
 
 from django.core.cache import caches
 
-from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
@@ -17,9 +16,11 @@ from dedup_jobs.stores.base import QUEUED, Acquired, BaseStore, LockInfo, Starte
 
 def _errors() -> tuple[type[BaseException], ...]:
     from django_redis.exceptions import ConnectionInterrupted
-    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.exceptions import RedisError
 
-    return (ConnectionError, TimeoutError, ConnectionInterrupted)
+    # RedisError covers connection loss and error replies alike (READONLY after a failover,
+    # OOM, NOPERM, BUSY): the store cannot answer. NOSCRIPT is handled by register_script.
+    return (RedisError, ConnectionInterrupted)
 
 
 def _text(value: Any) -> str:
@@ -144,7 +145,9 @@ class RedisStore(BaseStore):
     def trim_index(self) -> int:
         """Drop index entries of locks that expired (their keys are gone already)."""
         try:
-            return int(self.client.zremrangebyscore(self.index_key(), "-inf", f"({clock.now_ms()}"))
+            seconds, micros = self.client.time()  # the server's clock, as the scripts use
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            return int(self.client.zremrangebyscore(self.index_key(), "-inf", f"({now_ms}"))
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 

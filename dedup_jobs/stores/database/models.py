@@ -11,10 +11,10 @@ from dedup_jobs import clock
 
 class JobLockQuerySet(models.QuerySet["JobLock"]):
     def held(self, now: datetime | None = None) -> JobLockQuerySet:
-        return self.filter(expires_at__gt=now or clock.to_datetime(clock.now()))
+        return self.filter(expires_at__gt=now or clock.db_datetime(clock.now()))
 
     def expired(self, now: datetime | None = None) -> JobLockQuerySet:
-        return self.filter(expires_at__lte=now or clock.to_datetime(clock.now()))
+        return self.filter(expires_at__lte=now or clock.db_datetime(clock.now()))
 
 
 class JobLock(models.Model):

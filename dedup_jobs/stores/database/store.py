@@ -54,7 +54,26 @@ class DatabaseStore(BaseStore):
         return app_settings.DATABASE_ALIAS
 
     def _dt(self, timestamp: float) -> Any:
-        return connections[self.using].ops.adapt_datetimefield_value(clock.to_datetime(timestamp))
+        return connections[self.using].ops.adapt_datetimefield_value(clock.db_datetime(timestamp))
+
+    def _one_statement(self) -> bool:
+        """PostgreSQL, and SQLite from 3.35 (RETURNING), acquire with one upsert."""
+        connection = connections[self.using]
+        if connection.vendor == "sqlite":
+            import sqlite3
+
+            return sqlite3.sqlite_version_info >= (3, 35)
+        return connection.vendor in UPSERT_VENDORS
+
+    def _delete_mine(self, key: JobKey, owner: str) -> bool:
+        """Compare-and-delete in one raw DELETE: QuerySet.delete() turns into
+        select-then-delete-by-pk when any pre/post_delete receiver is connected, and the row
+        (and its pk) may pass to a new owner in between."""
+        connection = connections[self.using]
+        table = connection.ops.quote_name(JobLock._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(f'DELETE FROM {table} WHERE "key" = %s AND owner = %s', [key.key, owner])
+            return bool(cursor.rowcount)
 
     def _upsert(
         self,
@@ -113,7 +132,7 @@ class DatabaseStore(BaseStore):
     def _acquire(
         self, key: JobKey, owner: str, ttl: float, now: float, reentrant: bool
     ) -> Acquired:
-        if connections[self.using].vendor in UPSERT_VENDORS:
+        if self._one_statement():
             holder, outcome = self._upsert(
                 key, owner, QUEUED, now, ttl, overwrite_mine=reentrant, keep_acquired_if_mine=False
             )
@@ -130,8 +149,8 @@ class DatabaseStore(BaseStore):
             "ident": key.ident,
             "owner": owner,
             "state": state,
-            "acquired_at": clock.to_datetime(now),
-            "expires_at": clock.to_datetime(now + ttl),
+            "acquired_at": clock.db_datetime(now),
+            "expires_at": clock.db_datetime(now + ttl),
         }
         for _ in range(5):
             try:
@@ -149,14 +168,14 @@ class DatabaseStore(BaseStore):
                 )
                 if row is None:
                     continue
-                free = row.expires_at <= clock.to_datetime(now)
+                free = row.expires_at <= clock.db_datetime(now)
                 if free or (reentrant and row.owner == owner):
                     if not free and state == RUNNING:
                         values["acquired_at"] = row.acquired_at
                     JobLock.objects.using(self.using).filter(pk=row.pk).update(**values)
                     return Acquired(acquired=True, holder=owner), free
                 return Acquired(acquired=False, holder=row.owner), False
-        return Acquired(acquired=False, holder=""), False
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     def start(self, key: JobKey, owner: str, lease: float, *, now: float, release: bool) -> Started:
         return self._guard(self._start, key, owner, lease, now, release)  # type: ignore[no-any-return]
@@ -164,13 +183,10 @@ class DatabaseStore(BaseStore):
     def _start(self, key: JobKey, owner: str, lease: float, now: float, release: bool) -> Started:
         rows = JobLock.objects.using(self.using)
         if release:
-            expired = rows.filter(key=key.key, expires_at__lte=clock.to_datetime(now))
-            mine = rows.filter(key=key.key, owner=owner)
-            deleted, _ = (mine | expired).delete()
-            if deleted:
+            if self._delete_mine(key, owner):
                 return Started(run=True, holder=None, released=True)
             holder = (
-                rows.held(clock.to_datetime(now))
+                rows.held(clock.db_datetime(now))
                 .filter(key=key.key)
                 .values_list("owner", flat=True)
                 .first()
@@ -178,7 +194,7 @@ class DatabaseStore(BaseStore):
             if holder is not None and holder != owner:
                 return Started(run=False, holder=holder)
             return Started(run=True, holder=None)
-        if connections[self.using].vendor in UPSERT_VENDORS:
+        if self._one_statement():
             holder, outcome = self._upsert(
                 key, owner, RUNNING, now, lease, overwrite_mine=True, keep_acquired_if_mine=True
             )
@@ -191,17 +207,13 @@ class DatabaseStore(BaseStore):
         return Started(run=True, holder=None, took=was_free)
 
     def release(self, key: JobKey, owner: str) -> bool:
-        def delete() -> bool:
-            deleted, _ = JobLock.objects.using(self.using).filter(key=key.key, owner=owner).delete()
-            return bool(deleted)
-
-        return self._guard(delete)  # type: ignore[no-any-return]
+        return self._guard(self._delete_mine, key, owner)  # type: ignore[no-any-return]
 
     def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
         def update() -> bool:
             rows = JobLock.objects.using(self.using).filter(key=key.key, owner=owner)
-            rows.filter(expires_at__lt=clock.to_datetime(now + ttl)).update(
-                expires_at=clock.to_datetime(now + ttl)
+            rows.filter(expires_at__lt=clock.db_datetime(now + ttl)).update(
+                expires_at=clock.db_datetime(now + ttl)
             )
             return rows.exists()
 
