@@ -25,37 +25,51 @@ def values(name: str) -> list[Any]:
     return [value for _, value in runs(name)]
 
 
-@shared_task(base=DebouncedJob, debounce_for=1.0, max_wait=3.0, debounce_on=("item",),
-             name="tests.debounce_record")
+@shared_task(
+    base=DebouncedJob,
+    debounce_for=1.0,
+    max_wait=3.0,
+    debounce_on=("item",),
+    name="tests.debounce_record",
+)
 def debounce_record(item: int, value: int) -> int:
     record("record", [item, value])
     return value
 
 
-@shared_task(base=DebouncedJob, debounce_for=1.0, max_wait=2.5, debounce_on=("item",),
-             name="tests.debounce_capped")
+@shared_task(
+    base=DebouncedJob,
+    debounce_for=1.0,
+    max_wait=2.5,
+    debounce_on=("item",),
+    name="tests.debounce_capped",
+)
 def debounce_capped(item: int, value: int) -> int:
     record("capped", value)
     return value
 
 
-@shared_task(base=DebouncedJob, debounce_for=0.8, debounce_on=("item",),
-             name="tests.debounce_fail")
+@shared_task(base=DebouncedJob, debounce_for=0.8, debounce_on=("item",), name="tests.debounce_fail")
 def debounce_fail(item: int, value: int) -> None:
     record("fail", value)
     raise ValueError(f"boom {value}")
 
 
-@shared_task(base=DebouncedJob, debounce_for=0.5, debounce_on=("item",),
-             name="tests.debounce_slow")
+@shared_task(base=DebouncedJob, debounce_for=0.5, debounce_on=("item",), name="tests.debounce_slow")
 def debounce_slow(item: int, value: int, seconds: float = 1.5) -> int:
     record("slow", value)
     time.sleep(seconds)
     return value
 
 
-@shared_task(bind=True, base=DebouncedJob, debounce_for=0.8, debounce_on=("item",),
-             max_retries=1, name="tests.debounce_retry")
+@shared_task(
+    bind=True,
+    base=DebouncedJob,
+    debounce_for=0.8,
+    debounce_on=("item",),
+    max_retries=1,
+    name="tests.debounce_retry",
+)
 def debounce_retry(self: DebouncedJob, item: int, value: int) -> int:
     record("retry", [value, self.request.retries])
     if self.request.retries == 0:
@@ -63,15 +77,25 @@ def debounce_retry(self: DebouncedJob, item: int, value: int) -> int:
     return value
 
 
-@shared_task(base=DebouncedJob, debounce_for=0.8, debounce_on=("item",), ignore_result=True,
-             name="tests.debounce_quiet")
+@shared_task(
+    base=DebouncedJob,
+    debounce_for=0.8,
+    debounce_on=("item",),
+    ignore_result=True,
+    name="tests.debounce_quiet",
+)
 def debounce_quiet(item: int, value: int) -> int:
     record("quiet", value)
     return value
 
 
-@shared_task(base=DebouncedJob, debounce_for=1.5, max_wait=4.0, debounce_on=("item",),
-             name="tests.debounce_stream")
+@shared_task(
+    base=DebouncedJob,
+    debounce_for=1.5,
+    max_wait=4.0,
+    debounce_on=("item",),
+    name="tests.debounce_stream",
+)
 def debounce_stream(item: int, value: int) -> int:
     record("stream", value)
     return value

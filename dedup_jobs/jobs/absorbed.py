@@ -31,7 +31,10 @@ def record_outcome(
     except Exception:
         logger.warning(
             "Could not record the outcome (%s) under %d absorbed dispatch ids; their "
-            "AsyncResults stay PENDING.", state, len(task_ids), exc_info=True,
+            "AsyncResults stay PENDING.",
+            state,
+            len(task_ids),
+            exc_info=True,
         )
 
 

@@ -94,7 +94,9 @@ class DebouncedJob(DedupJob):
         if task_id is not None and not request.called_directly and task_id == request.id:
             return publish(args, kwargs, task_id, **self._retry_options(options))
         if (
-            link or link_error or any(options.get(name) for name in CANVAS_OPTIONS)
+            link
+            or link_error
+            or any(options.get(name) for name in CANVAS_OPTIONS)
             or self.app.conf.task_always_eager
         ):
             # A canvas continuation needs this very message: published as it is, it runs
@@ -107,7 +109,10 @@ class DebouncedJob(DedupJob):
         debounce_for = float(self.debounce_for or 0)
         try:
             answer = store.debounce(
-                key, task_id, encode_call(args, kwargs), now=clock.now(),
+                key,
+                task_id,
+                encode_call(args, kwargs),
+                now=clock.now(),
                 debounce_for=debounce_for,
                 max_wait=None if self.max_wait is None else float(self.max_wait),
                 ttl=STATE_GRACE,
@@ -117,13 +122,20 @@ class DebouncedJob(DedupJob):
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without debouncing "
-                "(ON_STORE_ERROR='enqueue').", self.name, task_id, alias, exc_info=True,
+                "(ON_STORE_ERROR='enqueue').",
+                self.name,
+                task_id,
+                alias,
+                exc_info=True,
             )
             return publish(args, kwargs, task_id, **options)
         if answer.superseded:
             job_debounced.send(
-                sender=type(self), debounce_id=key.ident, superseded_id=answer.superseded,
-                by_id=task_id, key=key.key,
+                sender=type(self),
+                debounce_id=key.ident,
+                superseded_id=answer.superseded,
+                by_id=task_id,
+                key=key.key,
             )
         if not answer.new:
             return self.AsyncResult(task_id)
@@ -141,13 +153,22 @@ class DebouncedJob(DedupJob):
         try:
             due = store.claim_due(key, message_id, now=clock.now() + 10 * STATE_GRACE)
         except StoreUnavailable:
-            logger.warning("%s: could not drop the state of unpublished burst %s",
-                           self.name, key.key, exc_info=True)
+            logger.warning(
+                "%s: could not drop the state of unpublished burst %s",
+                self.name,
+                key.key,
+                exc_info=True,
+            )
             return
         lost = [i for i in due.absorbed if i != message_id]
         if lost:
-            logger.warning("%s: the burst %s lost its message; dispatches %s were absorbed "
-                           "into it and will not run.", self.name, key.key, lost)
+            logger.warning(
+                "%s: the burst %s lost its message; dispatches %s were absorbed "
+                "into it and will not run.",
+                self.name,
+                key.key,
+                lost,
+            )
 
     def _retry_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """A retry of a claimed run keeps its burst: flagged claimed (no new debounce), with
@@ -174,15 +195,25 @@ class DebouncedJob(DedupJob):
         try:
             due = self.store(alias).claim_due(key, owner, now=clock.now())
         except StoreUnavailable:
-            logger.warning("%s[%s]: store %r unavailable at the debounce check; running.",
-                           self.name, owner, alias, exc_info=True)
+            logger.warning(
+                "%s[%s]: store %r unavailable at the debounce check; running.",
+                self.name,
+                owner,
+                alias,
+                exc_info=True,
+            )
             return self.run(*args, **kwargs)
         if due.action == WAIT:
             self._reschedule(args, kwargs, header, float(due.wait_until or 0))
         if due.action != CLAIMED:
             # D7: the state is gone (flushed, evicted) or belongs to a newer burst: fail open.
-            logger.warning("%s[%s]: debounce state %s is %s; running the message as "
-                           "published.", self.name, owner, key.key, due.action)
+            logger.warning(
+                "%s[%s]: debounce state %s is %s; running the message as published.",
+                self.name,
+                owner,
+                key.key,
+                due.action,
+            )
             return self.run(*args, **kwargs)
         # Retries of this run re-send the latest arguments, not the first dispatch's.
         request.args, request.kwargs = list(due.args), dict(due.kwargs)
@@ -227,17 +258,24 @@ class DebouncedJob(DedupJob):
 def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
     """What is wrong with a pair of debounce options, or None."""
     if debounce_for is None:
-        return "debounce_for is not set. Give the seconds of quiet before the job runs, " \
-               "e.g. debounce_for=30."
-    if isinstance(debounce_for, bool) or not isinstance(debounce_for, (int, float)) \
-            or debounce_for <= 0:
+        return (
+            "debounce_for is not set. Give the seconds of quiet before the job runs, "
+            "e.g. debounce_for=30."
+        )
+    if (
+        isinstance(debounce_for, bool)
+        or not isinstance(debounce_for, (int, float))
+        or debounce_for <= 0
+    ):
         return f"debounce_for = {debounce_for!r} must be a number of seconds above 0."
     if max_wait is None:
         return None
     if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)):
         return f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)."
     if max_wait < debounce_for:
-        return (f"max_wait = {max_wait!r} is less than debounce_for = {debounce_for!r}: "
-                f"the cap would cut every burst short. Set max_wait >= debounce_for, or "
-                f"None for no cap.")
+        return (
+            f"max_wait = {max_wait!r} is less than debounce_for = {debounce_for!r}: "
+            f"the cap would cut every burst short. Set max_wait >= debounce_for, or "
+            f"None for no cap."
+        )
     return None
