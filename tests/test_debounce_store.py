@@ -5,15 +5,22 @@ test sleeps."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
+import kombu
 import pytest
 from django.core.cache import caches
+from django.db import connections
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
+from dedup_jobs import clock
+from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, MISSING, OTHER, WAIT, BaseStore, Debounced, encode_call
 from dedup_jobs.stores.database import debounce as db_debounce
+from tests.test_stores import MEMORY, delta
 
 T0 = 1_800_000_000.0
 KEY = build_key("debounce", "tests.store_debounce", "item=1")
@@ -180,3 +187,50 @@ def test_portable_path_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
         assert claimed.args == (2,)
         dispatch(store, "old", 1, T0)
         assert dispatch(store, "new", 2, T0 + 100).new is True
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_one_round_trip_per_dispatch_and_claim(
+    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S1 / section 8: on django-redis a debounced dispatch (first or absorbed) is one
+    EVALSHA, and so is the worker's claim of a due burst."""
+    from tests import jobs_debounce
+
+    task = jobs_debounce.debounce_record
+    with kombu.Connection(MEMORY) as memory:
+        task.apply_async((0, 0), connection=memory)  # loads the script once
+        first: list[Any] = []
+        assert delta(
+            redis_client, lambda: first.append(task.apply_async((1, 1), connection=memory))
+        ) == {"evalsha": 1}
+        assert delta(redis_client, lambda: task.apply_async((1, 2), connection=memory)) == {
+            "evalsha": 1
+        }
+    key = task.job_key((1, 2), {})
+    header = {HEADER: key.as_header("redis")}
+    later = clock.now() + 5
+    monkeypatch.setattr(clock, "now", lambda: later)
+    ran: list[Any] = []
+    assert delta(
+        redis_client,
+        lambda: ran.append(task.apply((1, 1), task_id=first[0].id, headers=header)),
+    ) == {"evalsha": 1}
+    assert ran[0].get() == 2
+    assert task.store().get_debounce(key) is None
+
+
+@pytest.mark.postgres
+@override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "postgres"})
+def test_postgres_dispatch_and_claim_are_one_statement() -> None:
+    """S3 / section 8: on PostgreSQL a debounced dispatch is one statement (first and
+    absorbed alike), and so is claiming a due burst."""
+    store = get_store("database")
+    for task_id, now in (("a", T0), ("b", T0 + 1)):
+        with CaptureQueriesContext(connections["postgres"]) as queries:
+            dispatch(store, task_id, 1, now)
+        assert len(queries) == 1 and "ON CONFLICT" in queries[0]["sql"]
+    with CaptureQueriesContext(connections["postgres"]) as queries:
+        assert store.claim_due(KEY, "a", now=T0 + 3).action == CLAIMED
+    assert len(queries) == 1 and "DELETE" in queries[0]["sql"]
