@@ -169,3 +169,19 @@ def test_max_wait_caps_a_steady_stream(app: Any, store_name: str) -> None:
     assert outcomes == sorted(outcomes)
     assert sorted(set(outcomes)) == [v for _, v in ran]
     assert ran[-1][1] == value - 1
+
+
+def test_revoked_message_cancels_the_burst(app: Any, store_name: str) -> None:
+    """D4/D5: a burst whose message expires (or is revoked) is cancelled: every dispatch of it
+    ends REVOKED (none waits forever), its state goes, and the next dispatch starts a new
+    burst that runs."""
+    from celery.exceptions import TaskRevokedError
+
+    burst = [jobs.debounce_record.apply_async((3, 1), expires=0.5)]
+    burst.append(jobs.debounce_record.delay(3, 2))
+    with thread_worker(app):
+        for result in burst:
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=15)
+        assert jobs.debounce_record.delay(3, 3).get(timeout=15) == 3
+    assert jobs.values("record") == [[3, 3]]

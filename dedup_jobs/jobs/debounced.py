@@ -170,6 +170,31 @@ class DebouncedJob(DedupJob):
                 lost,
             )
 
+    def cancel_burst(self, message_id: str, header: dict[str, Any]) -> None:
+        """The burst's message was revoked or expired: the burst is cancelled. Its state goes
+        (the next dispatch starts a new burst, instead of joining one that will never run)
+        and every dispatch it had absorbed ends REVOKED too."""
+        if header.get(CLAIMED_FLAG):
+            return
+        try:
+            due = self.store(str(header["via"])).claim_due(
+                self.key_from_header(header), message_id, now=clock.now() + 10 * STATE_GRACE
+            )
+        except StoreUnavailable:
+            logger.warning(
+                "%s[%s]: could not cancel the debounce state of the revoked message.",
+                self.name,
+                message_id,
+                exc_info=True,
+            )
+            return
+        if due.action != CLAIMED or self.ignore_result:
+            return
+        reason = f"debounce burst cancelled: its message {message_id} was revoked"
+        for task_id in due.absorbed:
+            if task_id != message_id:
+                self.backend.mark_as_revoked(task_id, reason=reason)
+
     def _retry_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """A retry of a claimed run keeps its burst: flagged claimed (no new debounce), with
         the ids whose results it still owes."""
