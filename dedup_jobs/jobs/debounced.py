@@ -77,7 +77,7 @@ class DebouncedJob(DedupJob):
 
     # -- dispatch -----------------------------------------------------------------------
 
-    def apply_async(  # type: ignore[override]
+    def apply_async(  # type: ignore[override,unused-ignore]
         self,
         args: Any = None,
         kwargs: Any = None,
@@ -261,14 +261,14 @@ class DebouncedJob(DedupJob):
         """Run with the burst's latest arguments; record the outcome under ``others`` (every
         absorbed id but this message's own, which Celery records)."""
         request = self.request
-        request.dedup_absorbed = others
+        request.dedup_absorbed = others  # type: ignore[attr-defined]
         keep = not (self.ignore_result or request.ignore_result)
         try:
             result = self.run(*args, **kwargs)
         except (Retry, Ignore):
             raise  # a retry carries ``others`` in its header; Ignore means hands off
         except Reject as exc:
-            if keep and not exc.requeue:
+            if keep and not getattr(exc, "requeue", False):
                 record_outcome(self.backend, others, exc, FAILURE, traceback.format_exc())
             raise
         except BaseException as exc:
