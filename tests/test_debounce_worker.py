@@ -185,3 +185,27 @@ def test_revoked_message_cancels_the_burst(app: Any, store_name: str) -> None:
                 result.get(timeout=15)
         assert jobs.debounce_record.delay(3, 3).get(timeout=15) == 3
     assert jobs.values("record") == [[3, 3]]
+
+
+def test_messages_per_burst_are_bounded(app: Any) -> None:
+    """D6: 300 dispatches of one id inside one window publish at most 3 broker messages (the
+    burst's message and its re-schedules, counted in this process, where the worker thread
+    runs too) and run once with the last arguments."""
+    from celery.signals import after_task_publish
+
+    published: list[str] = []
+
+    def on_publish(sender: Any = None, **kwargs: Any) -> None:
+        published.append(str(sender))
+
+    after_task_publish.connect(on_publish, weak=False)
+    try:
+        with thread_worker(app):
+            results = [jobs.debounce_record.delay(2, value) for value in range(300)]
+            assert results[0].get(timeout=15) == 299
+            assert results[-1].get(timeout=5) == 299
+            time.sleep(0.5)
+    finally:
+        after_task_publish.disconnect(on_publish)
+    assert 1 <= published.count("tests.debounce_record") <= 3
+    assert jobs.values("record") == [[2, 299]]
