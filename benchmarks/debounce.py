@@ -4,13 +4,16 @@
    django-redis store (publishing to an in-memory broker, so only the store's commands count),
    Django's captured queries on the database store (SQLite), cache calls on locmem.
 2. Broker messages published for 10,000 dispatches of one debounce id inside one window, with
-   a real worker on the Redis broker: messages, runs, the arguments of the run, results.
+   a real worker on the broker (Redis, or RabbitMQ as below): messages, runs, the arguments
+   of the run, results.
 3. A steady stream (a dispatch every 0.5 s, debounce_for=1.5, max_wait=4, for 20 s): the delay
    of the first run after the first dispatch and the gaps between runs (must be <= max_wait + 1).
 
 Run (it flushes Redis databases 9-12 of DEDUP_JOBS_TEST_REDIS, like the tests):
     DEDUP_JOBS_TEST_REDIS=redis://127.0.0.1:6379 DEDUP_JOBS_TEST_QUEUE=bench \
         uv run python benchmarks/debounce.py
+On RabbitMQ (parts 2 and 3; the store and results stay in Redis), add
+    CELERY_BROKER_URL=amqp://guest:guest@127.0.0.1:5672//
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def flush() -> None:
         redis.Redis.from_url(f"{settings.REDIS_URL}/{db}").flushdb()
     caches["locmem"].clear()
     _stores.clear()
+    app.control.purge()  # our queue on the broker in use (RabbitMQ keeps it across runs)
 
 
 def commandstats(client: redis.Redis) -> dict[str, int]:
@@ -262,8 +266,9 @@ def main() -> int:
         round_trips(),
     )
     burst_rows = burst()
+    broker = str(app.conf.broker_url).split(":", 1)[0]
     rows(
-        f"2. {DISPATCHES:,} dispatches of one id inside one window (Redis broker, real worker)",
+        f"2. {DISPATCHES:,} dispatches of one id inside one window ({broker} broker, real worker)",
         ("figure", "value"),
         burst_rows,
     )
@@ -273,7 +278,7 @@ def main() -> int:
         ("run", "at", "gap", "value"),
         runs_table,
     )
-    rows("3. Steady stream: summary", ("figure", "value"), summary)
+    rows(f"3. Steady stream: summary ({broker} broker)", ("figure", "value"), summary)
     messages = dict(burst_rows)["broker messages published"]
     runs = dict(burst_rows)["runs observed"]
     accepted = int(messages) <= 3 and runs == 1 and ok
