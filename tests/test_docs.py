@@ -102,12 +102,6 @@ def test_no_check_id_is_documented_twice() -> None:
     assert not twice, f"check ids documented more than once: {twice}"
 
 
-def test_no_check_id_is_shared_by_two_checks() -> None:
-    """A3: an id belongs to one check function (a reused id would be a duplicate id)."""
-    shared = {i: sorted(users) for i, users in code_check_ids().items() if len(users) > 1}
-    assert not shared, f"check ids used by more than one check function: {shared}"
-
-
 def test_every_setting_is_documented() -> None:
     """Every DEDUP_JOBS key in conf.DEFAULTS has a heading in docs/settings.md."""
     missing = sorted(set(DEFAULTS) - set(documented(SETTING_HEADING, SETTINGS_MD)))
