@@ -73,17 +73,23 @@ def guard_worker(
     """A ``celery worker`` subprocess consuming ``queue`` on ``broker`` with the guard
     settings, ready when yielded (it answered a ping task)."""
     url = BROKERS[broker]
-    environ = {
-        "DJANGO_SETTINGS_MODULE": WORKER_SETTINGS,
-        "DEDUP_JOBS_TEST_QUEUE": queue,
-        **(env or {}),
-    }
-    with process_worker(pool=pool, concurrency=concurrency, env=environ, broker=url) as proc:
+    with process_worker(
+        pool=pool, concurrency=concurrency, env=worker_env(queue, env), broker=url
+    ) as proc:
         with publishing_to(app, url):
             from tests.jobs_guard import guard_ping
 
             assert guard_ping.apply_async(queue=queue).get(timeout=60) == "pong"
         yield proc
+
+
+def worker_env(queue: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of a guard worker consuming ``queue``."""
+    return {
+        "DJANGO_SETTINGS_MODULE": WORKER_SETTINGS,
+        "DEDUP_JOBS_TEST_QUEUE": queue,
+        **(env or {}),
+    }
 
 
 def kill_worker(proc: subprocess.Popen[bytes]) -> None:
