@@ -4,6 +4,7 @@ copy is running and when it finishes. ``gate`` is never part of a key."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Any
@@ -161,3 +162,29 @@ def _register_class_jobs() -> None:
 
 
 _register_class_jobs()
+
+
+@shared_task(base=UniqueJob, unique_for=60, unique_on=("token",), name="tests.guard_pid")
+def guard_pid(token: str, gate: str = "") -> int:
+    """Records the pid of the process running it (so a test can kill just that process)."""
+    record(token, os.getpid())
+    wait_gate(gate)
+    return os.getpid()
+
+
+@shared_task(
+    bind=True,
+    base=UniqueJob,
+    unique_for=60,
+    unique_on=("token",),
+    retry_on_worker_lost=True,
+    max_retries=1,
+    default_retry_delay=0,
+    name="tests.guard_pid_retry",
+)
+def guard_pid_retry(self: UniqueJob, token: str, gate: str = "") -> int:
+    """As guard_pid; retried by Celery when its process is lost; the retry does not wait."""
+    record(token, os.getpid())
+    if self.request.retries == 0:
+        wait_gate(gate)
+    return int(self.request.retries)

@@ -7,6 +7,8 @@ entry path under test, and asserts how many times the key's body ran.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -493,3 +495,31 @@ def test_headerless_message_without_key_runs_and_warns(app: Any, broker: str) ->
     assert runs_of(t) == ["-1"]
     line = worker_log_line(f"tests.guard_keyless[{result.id}]")
     assert "WARNING" in line and "no dedup key" in line
+
+
+def test_pool_process_killed_releases(broker: str) -> None:
+    """U4/U5: the pool process running a job is SIGKILLed (as the OOM killer does) while the
+    worker lives: the job fails with WorkerLostError and the worker's main process releases
+    its lock at once, not after the lease (5 s)."""
+    t = token()
+    result = jg.guard_pid.delay(t, gate=t)
+    wait_for(lambda: runs_of(t))
+    os.kill(int(runs_of(t)[0]), signal.SIGKILL)
+    wait_ready(result)
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "WorkerLostError"
+    wait_for(lambda: lock_of(jg.guard_pid, t) is None, timeout=2.0)
+
+
+def test_retry_on_worker_lost_is_not_swallowed(broker: str) -> None:
+    """U4: with retry_on_worker_lost, the retry Celery publishes after the pool process dies
+    (same task id) is not deduplicated against the dead run's lock: it runs, succeeds and
+    releases. Executions: 2 (the killed attempt and the retry)."""
+    t = token()
+    result = jg.guard_pid_retry.delay(t, gate=t)
+    wait_for(lambda: runs_of(t))
+    os.kill(int(runs_of(t)[0]), signal.SIGKILL)
+    assert result.get(timeout=20) == 1
+    wait_for(lambda: lock_of(jg.guard_pid_retry, t) is None)
+    report("retry_on_worker_lost after a pool process is killed", broker, 2, len(runs_of(t)))
+    assert len(runs_of(t)) == 2
