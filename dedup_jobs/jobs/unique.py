@@ -118,7 +118,7 @@ class UniqueJob(DedupJob):
                 exc_info=True,
             )
             result = super().apply_async(args, kwargs, task_id, **options)
-            result.deduplicated = False
+            result.deduplicated = False  # type: ignore[attr-defined]
             return result
         if not answer.acquired:
             return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
