@@ -116,12 +116,6 @@ def guard_soft_limit(token: str) -> None:
     time.sleep(10)
 
 
-@shared_task(base=UniqueJob, unique_for=60, unique_via="dead", name="tests.guard_dead_store")
-def guard_dead_store(token: str) -> str:
-    record(token, "run")
-    return token
-
-
 class GuardKeyless(UniqueJob):
     """Its unique_id() refuses negative items: a headerless message with one has no key (W4)."""
 

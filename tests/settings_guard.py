@@ -9,7 +9,7 @@ import os
 from tests.settings import *  # noqa: F403
 from tests.settings import CACHES, DEDUP_JOBS
 
-#: a Redis URL where nothing listens: the store of tests.guard_dead_store (W4)
+#: a Redis URL where nothing listens: the "dead" store of the W4 test (tests/test_entry_paths.py)
 DEAD_REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_DEAD_REDIS", "redis://127.0.0.1:1")
 DEAD_CACHE = {
     "BACKEND": "django_redis.cache.RedisCache",

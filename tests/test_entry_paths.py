@@ -472,18 +472,19 @@ def worker_log_line(needle: str) -> str:
 
 
 def test_store_unreachable_at_worker_runs_and_warns(broker: str) -> None:
-    """W4: the store is unreachable at the worker (a Redis port where nothing listens): the
-    job runs anyway and the worker logs a WARNING on dedup_jobs naming the task and its id."""
+    """W4: the store named in the message header is unreachable at the worker (a Redis port
+    where nothing listens; the dispatch used ON_STORE_ERROR="enqueue"): the job runs anyway
+    and the worker logs a WARNING on dedup_jobs naming the task and its id."""
     t = token()
     with override_settings(
         CACHES={**settings.CACHES, "dead": DEAD_CACHE},
-        DEDUP_JOBS={**settings.DEDUP_JOBS, "ON_STORE_ERROR": "enqueue"},
+        DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": "dead", "ON_STORE_ERROR": "enqueue"},
     ):
-        result = jg.guard_dead_store.delay(t)
-    assert result.get(timeout=20) == t
-    assert runs_of(t) == ["'run'"]
-    line = worker_log_line(f"tests.guard_dead_store[{result.id}]")
-    assert "WARNING" in line and "unavailable" in line
+        result = jg.guard_gated.delay(t, 1)
+    assert result.get(timeout=20) == 1
+    assert runs_of(t) == ["1"]
+    line = worker_log_line(f"tests.guard_gated[{result.id}]: store 'dead' unavailable")
+    assert "WARNING" in line
 
 
 def test_headerless_message_without_key_runs_and_warns(app: Any, broker: str) -> None:
