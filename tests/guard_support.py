@@ -39,7 +39,8 @@ def token() -> str:
 def reset_queue(app: Any, url: str, queue: str = QUEUE) -> None:
     """Empty ``queue`` on this broker (and declare it, so nothing published before the worker
     is up is lost)."""
-    with app.connection_for_write(url) as conn:
+    with app.connection_for_write(url, connect_timeout=5) as conn:
+        conn.ensure_connection(max_retries=3)
         bound = app.amqp.queues[queue](conn.default_channel)
         bound.declare()
         bound.purge()

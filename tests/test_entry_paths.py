@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +40,10 @@ from tests.workers import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.worker]
 
+#: LEASE_SECONDS of the module's worker: long enough that "released at once" (within 2 s)
+#: can never be the lease running out.
+LEASE_SECONDS = 15
+
 BROKER_PARAMS = [
     pytest.param("redis", id="redis-broker"),
     pytest.param("rabbitmq", marks=pytest.mark.rabbitmq, id="rabbitmq-broker"),
@@ -56,7 +61,8 @@ def broker(request: pytest.FixtureRequest) -> Iterator[str]:
     if name == "rabbitmq":
         need("rabbitmq")
     reset_queue(app, BROKERS[name])
-    with guard_worker(app, name), publishing_to(app, BROKERS[name]):
+    env = {"DEDUP_JOBS_TEST_LEASE_SECONDS": str(LEASE_SECONDS)}
+    with guard_worker(app, name, env=env), publishing_to(app, BROKERS[name]):
         yield name
 
 
@@ -427,7 +433,7 @@ def test_revoked_while_running_releases(app: Any, broker: str) -> None:
         result.revoke(terminate=True, signal="SIGKILL", connection=conn)
     wait_ready(result)
     assert result.state == "REVOKED"
-    # Well within the lease (5 s): released by the worker, not expired.
+    # Well within the lease (15 s): released by the worker, not expired.
     wait_for(lambda: lock_of(jg.guard_gated, t, 1) is None, timeout=2.0)
     jg.open_gate(t)
     assert jg.guard_gated.delay(t, 1).get(timeout=20) == 1
@@ -456,7 +462,7 @@ def test_expired_before_running_releases(broker: str) -> None:
 def test_time_limit_releases(broker: str, job: Any, error: str) -> None:
     """U4: a job stopped by its time limit fails and its lock is released at once: by the job
     as it fails (soft), by the worker's main process (hard: the job ignores SIGTERM and is
-    SIGKILLed, so it cannot) -- not left for the lease (5 s) to expire."""
+    SIGKILLed, so it cannot) -- not left for the lease (15 s) to expire."""
     t = token()
     result = job.delay(t)
     wait_ready(result)
@@ -510,15 +516,18 @@ def test_headerless_message_without_key_runs_and_warns(app: Any, broker: str) ->
 def test_pool_process_killed_releases(broker: str) -> None:
     """U4/U5: the pool process running a job is SIGKILLed (as the OOM killer does) while the
     worker lives: the job fails with WorkerLostError and the worker's main process releases
-    its lock at once, not after the lease (5 s)."""
+    its lock, long before the lease (15 s) would run out."""
     t = token()
     result = jg.guard_pid.delay(t, gate=t)
     wait_for(lambda: runs_of(t))
     os.kill(int(runs_of(t)[0]), signal.SIGKILL)
+    held = lock_of(jg.guard_pid, t)  # no renewal after the kill: this is its last expiry
     wait_ready(result)
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "WorkerLostError"
     wait_for(lambda: lock_of(jg.guard_pid, t) is None, timeout=2.0)
+    assert held is not None and held.expires_at is not None
+    assert time.time() < held.expires_at - 2, "the lock expired instead of being released"
 
 
 def test_retry_on_worker_lost_is_not_swallowed(broker: str) -> None:
