@@ -1,4 +1,4 @@
-"""Celery signal handlers: release the lock of a message the worker drops without running."""
+"""Celery signal handlers: release the lock of a message the worker drops without running it."""
 
 from __future__ import annotations
 
@@ -6,45 +6,42 @@ from typing import Any
 
 from celery.signals import task_revoked
 
-from dedup_jobs.jobs.base import HEADER, DedupJob, logger
+from dedup_jobs.jobs.base import HEADER, DedupJob
 
 
-def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-    """U4: a revoked (or expired) message releases its own lock, compare-and-delete; a
-    debounced burst whose message is revoked is cancelled (its state goes)."""
-    task = getattr(request, "task", None)
-    if not isinstance(task, DedupJob):
-        task = sender  # a discarded message's Context names its task, the sender is it
-    if not isinstance(task, DedupJob) or request is None:
-        return
-    from dedup_jobs.jobs.debounced import DebouncedJob
-    from dedup_jobs.jobs.unique import UniqueJob
-    from dedup_jobs.signals import lock_released
-
+def _message_header(request: Any) -> Any:
+    """The dedup header of a dropped message. Sent by the worker's main process with the
+    message's Context, whose attributes include the message headers."""
     message_headers = getattr(request, "request_dict", None) or {}
-    header = (
+    return (
         (message_headers.get("headers") or {}).get(HEADER)
         or message_headers.get(HEADER)
-        # A message discarded on arrival (revoked, expired) comes with its Context, which
-        # carries the message headers as attributes.
         or getattr(request, HEADER, None)
         or (getattr(request, "headers", None) or {}).get(HEADER)
     )
-    if not isinstance(header, dict):
+
+
+def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
+    """U4: a revoked, expired or terminated message releases its own lock (compare-and-delete
+    by its task id); a debounced burst whose message is revoked is cancelled (its state
+    goes)."""
+    task = getattr(request, "task", None)
+    if not isinstance(task, DedupJob):
+        task = sender  # a discarded message's Context names its task, the sender is it
+    if not isinstance(task, DedupJob) or request is None or not request.id:
         return
+    from dedup_jobs.jobs.debounced import DebouncedJob
+    from dedup_jobs.jobs.unique import UniqueJob
+
+    header = _message_header(request)
     if isinstance(task, DebouncedJob):
-        task.cancel_burst(request.id, header)
+        if isinstance(header, dict):
+            task.cancel_burst(request.id, header)
         return
-    if not isinstance(task, UniqueJob):
-        return
-    key = task.key_from_header(header)
-    try:
-        if task.store(str(header["via"])).release(key, request.id):
-            lock_released.send(sender=type(task), key=key.key, owner=request.id,
-                               store=str(header["via"]), reason="failure")
-    except Exception:
-        logger.warning("Could not release %s of revoked task %s", key.key, request.id,
-                       exc_info=True)
+    if isinstance(task, UniqueJob):
+        task.release_dropped(
+            request.id, header, getattr(request, "args", None), getattr(request, "kwargs", None)
+        )
 
 
 def connect() -> None:

@@ -4,8 +4,10 @@ never expires while that process lives and is gone within LEASE_SECONDS after it
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,18 +19,23 @@ from dedup_jobs.stores.base import BaseStore
 logger = logging.getLogger("dedup_jobs")
 
 
+#: seconds the renewal thread sleeps when no job is running
+IDLE_WAIT = 5.0
+
+
 @dataclass(kw_only=True)
 class _Lease:
     store: BaseStore
     key: JobKey
     owner: str
     ttl: float
-    due: float = field(default=0.0)
+    due: float = field(default=0.0)  # time.monotonic() of the next renewal
 
 
 class LeaseKeeper:
     """One renewal thread per process (re-created after a fork), shared by all running jobs:
-    works with the prefork, threads and solo pools."""
+    works with the prefork, threads and solo pools. Each lease is renewed every third of its
+    length, so the lock outlives a late renewal or two but not the process."""
 
     def __init__(self) -> None:
         self._leases: dict[int, _Lease] = {}
@@ -40,12 +47,12 @@ class LeaseKeeper:
 
     @contextmanager
     def hold(self, store: BaseStore, key: JobKey, owner: str, ttl: float) -> Iterator[None]:
+        """Renew ``owner``'s lock at ``key`` for ``ttl`` seconds at a time while the block runs."""
+        lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, due=time.monotonic() + ttl / 3)
         with self._mutex:
             self._next_token += 1
             token = self._next_token
-            self._leases[token] = _Lease(
-                store=store, key=key, owner=owner, ttl=ttl, due=clock.now() + ttl / 3
-            )
+            self._leases[token] = lease
             self._ensure_thread()
         self._wake.set()
         try:
@@ -76,31 +83,47 @@ class LeaseKeeper:
     def _loop(self) -> None:
         while True:
             with self._mutex:
-                leases = list(self._leases.values())
-            now = clock.now()
-            wait = min((lease.due for lease in leases), default=now + 5.0) - now
-            if wait > 0:
-                self._wake.wait(min(wait, 5.0))
+                current = list(self._leases.items())
+            now = time.monotonic()
+            next_due = min((lease.due for _, lease in current), default=now + IDLE_WAIT)
+            if next_due > now:
+                self._wake.wait(min(next_due - now, IDLE_WAIT))
                 self._wake.clear()
                 continue
-            used_database = False
-            for lease in leases:
-                if lease.due > now:
-                    continue
-                lease.due = now + lease.ttl / 3
-                try:
-                    if not lease.store.renew(lease.key, lease.owner, lease.ttl, now=now):
-                        logger.warning(
-                            "Lease of %s held by %s could not be renewed: the lock is gone or "
-                            "held by another owner.", lease.key.key, lease.owner,
-                        )
-                except Exception:
-                    logger.warning("Lease renewal of %s failed", lease.key.key, exc_info=True)
-                used_database = used_database or lease.store.alias == "database"
-            if used_database:
-                from django.db import connections
+            self._renew([(token, lease) for token, lease in current if lease.due <= now], now)
 
-                connections.close_all()
+    def _renew(self, due: list[tuple[int, _Lease]], now: float) -> None:
+        used_database = False
+        for token, lease in due:
+            lease.due = now + lease.ttl / 3
+            used_database = used_database or lease.store.alias == "database"
+            try:
+                renewed = lease.store.renew(lease.key, lease.owner, lease.ttl, now=clock.now())
+            except Exception:
+                logger.warning(
+                    "Lease renewal of %s failed; trying again in %.1fs.",
+                    lease.key.key,
+                    lease.ttl / 3,
+                    exc_info=True,
+                )
+                continue
+            if renewed:
+                continue
+            with self._mutex:
+                running = token in self._leases
+            if running:
+                # Released under it (admin, command) or expired: never take it back.
+                lease.due = math.inf
+                logger.warning(
+                    "The lock %s of running task %s is gone or held by another owner; it is "
+                    "no longer renewed.",
+                    lease.key.key,
+                    lease.owner,
+                )
+        if used_database:
+            from django.db import connections
+
+            connections.close_all()
 
 
 leases = LeaseKeeper()

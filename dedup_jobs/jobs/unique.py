@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 from celery.utils import uuid
@@ -24,6 +25,13 @@ from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
 from dedup_jobs.stores.base import BaseStore
 
 ON_DUPLICATE_CHOICES = ("return", "raise")
+
+
+def _frozen_by_canvas(options: dict[str, Any]) -> bool:
+    """True for a dispatch made by a chain, group or chord: its id is already in a result
+    somebody waits on (a chain passes ``chain``, a group ``group_id``, a chord header
+    ``chord``; a chord body was frozen with the header's ``group_id``)."""
+    return bool(options.get("group_id") or options.get("chord") or "chain" in options)
 
 
 class UniqueJob(DedupJob):
@@ -46,6 +54,8 @@ class UniqueJob(DedupJob):
     on_duplicate: str = "return"
     #: release the lock just before run (UniqueUntilProcessingJob)
     release_on_start: ClassVar[bool] = False
+    #: the worker-side request: releases the lock when a hard time limit kills the job
+    Request = "dedup_jobs.jobs.request:UniqueRequest"
 
     @classmethod
     def validate_options(cls) -> None:
@@ -68,7 +78,7 @@ class UniqueJob(DedupJob):
 
     # -- dispatch -----------------------------------------------------------------------
 
-    def apply_async(  # type: ignore[override]
+    def apply_async(
         self,
         args: Any = None,
         kwargs: Any = None,
@@ -78,7 +88,7 @@ class UniqueJob(DedupJob):
         link_error: Any = None,
         shadow: str | None = None,
         **options: Any,
-    ) -> AsyncResult:
+    ) -> AsyncResult[Any]:
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
         request = self.request
         retrying = task_id is not None and not request.called_directly and task_id == request.id
@@ -101,10 +111,14 @@ class UniqueJob(DedupJob):
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without a lock "
-                "(ON_STORE_ERROR='enqueue').", self.name, task_id, alias, exc_info=True,
+                "(ON_STORE_ERROR='enqueue').",
+                self.name,
+                task_id,
+                alias,
+                exc_info=True,
             )
             result = super().apply_async(args, kwargs, task_id, **options)
-            result.deduplicated = False
+            result.deduplicated = False  # type: ignore[attr-defined]
             return result
         if not answer.acquired:
             return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
@@ -115,29 +129,39 @@ class UniqueJob(DedupJob):
             # U6: never a lock with nothing queued.
             store.release(key, task_id)
             raise
-        result.deduplicated = False
+        result.deduplicated = False  # type: ignore[attr-defined]
         return result
 
-    def _try_acquire(self, store: BaseStore, key: JobKey, owner: str, ttl: float, now: float,
-                     *, reentrant: bool) -> None:
+    def _try_acquire(
+        self, store: BaseStore, key: JobKey, owner: str, ttl: float, now: float, *, reentrant: bool
+    ) -> None:
         try:
             store.acquire(key, owner, ttl, now=now, reentrant=reentrant)
         except StoreUnavailable:
-            logger.warning("%s[%s]: could not refresh the lock for a retry", self.name, owner,
-                           exc_info=True)
+            logger.warning(
+                "%s[%s]: could not refresh the lock for a retry", self.name, owner, exc_info=True
+            )
 
-    def _duplicate(self, key: JobKey, holder: str, task_id: str, args: Any, kwargs: Any,
-                   options: dict[str, Any]) -> AsyncResult:
-        unique_job_skipped.send(sender=type(self), task_id=task_id, holder_id=holder,
-                                key=key.key, stage="dispatch")
+    def _duplicate(
+        self,
+        key: JobKey,
+        holder: str,
+        task_id: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+    ) -> AsyncResult[Any]:
+        unique_job_skipped.send(
+            sender=type(self), task_id=task_id, holder_id=holder, key=key.key, stage="dispatch"
+        )
         if self.on_duplicate == "raise":
             raise DuplicateJob(self.name, key.key, holder)
-        if options.get("group_id") or options.get("chord"):
-            # The canvas froze this id into a group/chord result: publish it anyway; the
-            # worker-side check sees the other owner and completes it as SUCCESS/None.
+        if _frozen_by_canvas(options):
+            # A chain/group/chord froze this id into the result its caller waits on: publish
+            # it anyway; the worker-side check sees the other owner and completes it (W3).
             return super().apply_async(args, kwargs, task_id, **options)
         result = self.AsyncResult(holder)
-        result.deduplicated = True
+        result.deduplicated = True  # type: ignore[attr-defined]
         return result
 
     # -- worker -------------------------------------------------------------------------
@@ -146,7 +170,7 @@ class UniqueJob(DedupJob):
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        owner = request.id
+        owner = str(request.id)
         header = self.header()
         try:
             if header is not None:
@@ -154,17 +178,25 @@ class UniqueJob(DedupJob):
             else:
                 key, alias = self.job_key(args, kwargs), self.store_alias()
         except Exception:
-            logger.warning("%s[%s]: no dedup key could be computed; running unchecked.",
-                           self.name, owner, exc_info=True)
+            logger.warning(
+                "%s[%s]: no dedup key could be computed; running unchecked.",
+                self.name,
+                owner,
+                exc_info=True,
+            )
             return self.run(*args, **kwargs)
         store = self.store(alias)
         lease = app_settings.LEASE_SECONDS
         try:
-            started = store.start(key, owner, lease, now=clock.now(),
-                                  release=self.release_on_start)
+            started = store.start(key, owner, lease, now=clock.now(), release=self.release_on_start)
         except StoreUnavailable:
-            logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
-                           self.name, owner, alias, exc_info=True)
+            logger.warning(
+                "%s[%s]: store %r unavailable at the worker check; running.",
+                self.name,
+                owner,
+                alias,
+                exc_info=True,
+            )
             return self.run(*args, **kwargs)
         if not started.run:
             return self._skip(key, str(started.holder))
@@ -172,8 +204,9 @@ class UniqueJob(DedupJob):
             lock_acquired.send(sender=type(self), key=key.key, owner=owner, store=alias)
         if self.release_on_start:
             if started.released:
-                lock_released.send(sender=type(self), key=key.key, owner=owner, store=alias,
-                                   reason="processing")
+                lock_released.send(
+                    sender=type(self), key=key.key, owner=owner, store=alias, reason="processing"
+                )
             return self.run(*args, **kwargs)
         with leases.hold(store, key, owner, lease):
             try:
@@ -181,7 +214,7 @@ class UniqueJob(DedupJob):
             except Retry:
                 raise  # the retry was published with the lock kept for it
             except Reject as exc:
-                if not exc.requeue:
+                if not getattr(exc, "requeue", False):
                     self._finish(store, key, owner, alias, "failure")
                 raise
             except Ignore:
@@ -197,27 +230,72 @@ class UniqueJob(DedupJob):
         try:
             released = store.release(key, owner)
         except StoreUnavailable:
-            logger.warning("%s[%s]: could not release %s; it expires within LEASE_SECONDS.",
-                           self.name, owner, key.key, exc_info=True)
+            logger.warning(
+                "%s[%s]: could not release %s; it expires within LEASE_SECONDS.",
+                self.name,
+                owner,
+                key.key,
+                exc_info=True,
+            )
             return
         if released:
-            lock_released.send(sender=type(self), key=key.key, owner=owner, store=alias,
-                               reason=reason)
+            lock_released.send(
+                sender=type(self), key=key.key, owner=owner, store=alias, reason=reason
+            )
+
+    def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any) -> None:
+        """Release the lock of a message the worker drops without the job's own release
+        running: revoked or expired before it ran, terminated, killed by its hard time limit.
+        Called in the worker's main process. Compare-and-delete by ``owner``, so it is a no-op
+        when the lock is gone or held by another owner (which is also why recomputing the key
+        of a message without the header is safe here)."""
+        try:
+            if isinstance(header, dict):
+                key, alias = self.key_from_header(header), str(header["via"])
+            else:
+                key, alias = self.job_key(args, kwargs), self.store_alias()
+        except Exception:
+            logger.warning(
+                "%s[%s]: no dedup key for the dropped message; its lock (if any) "
+                "expires by itself.",
+                self.name,
+                owner,
+                exc_info=True,
+            )
+            return
+        self._finish(self.store(alias), key, owner, alias, "failure")
 
     def _skip(self, key: JobKey, holder: str) -> Any:
         """W3: another owner holds the lock; this message's body does not run."""
         request = self.request
-        unique_job_skipped.send(sender=type(self), task_id=request.id, holder_id=holder,
-                                key=key.key, stage="worker")
+        unique_job_skipped.send(
+            sender=type(self), task_id=request.id, holder_id=holder, key=key.key, stage="worker"
+        )
         logger.info("%s[%s] skipped: %s is held by %s", self.name, request.id, key.key, holder)
         if request.group or request.chord:
             return None  # counts as done inside a group/chord, so the body still runs
+        reason = f"duplicate: lock {key.key} is held by task {holder}"
         if not (self.ignore_result or request.ignore_result):
-            self.backend.mark_as_revoked(
-                request.id, reason=f"duplicate: lock {key.key} is held by task {holder}",
-                request=request,
-            )
+            self.backend.mark_as_revoked(str(request.id), reason=reason, request=request)
+        self._revoke_rest_of_chain(reason)
         raise Ignore()
+
+    def _revoke_rest_of_chain(self, reason: str) -> None:
+        """The later links of a skipped chain link never run: mark them REVOKED so that the
+        chain's result (its last link) is ready, and a chord they belong to is told."""
+        request = self.request
+        links: Any = request.chain or ()
+        for link in links:
+            options = dict(link.get("options") or {})
+            task_id = options.get("task_id")
+            if not task_id:
+                continue  # a nested canvas without an id of its own
+            context = Context({**link, **options, "id": task_id, "group": options.get("group_id")})
+            self.backend.mark_as_revoked(
+                task_id,
+                reason=f"an earlier link of its chain ({request.id}) was skipped: {reason}",
+                request=context,
+            )
 
 
 class UniqueUntilProcessingJob(UniqueJob):
