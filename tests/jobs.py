@@ -55,6 +55,16 @@ def unique_retry(self: UniqueJob, item: int, fail_times: int = 1) -> int:
     return self.request.retries
 
 
+@shared_task(bind=True, base=UniqueJob, unique_for=60, name="tests.unique_retry_nothrow",
+             max_retries=1)
+def unique_retry_nothrow(self: UniqueJob, item: int) -> str:
+    record("unique_retry_nothrow", (item, self.request.retries))
+    if self.request.retries == 0:
+        self.retry(countdown=1.0, throw=False)
+        return "retrying"
+    return "done"
+
+
 @shared_task(base=UniqueUntilProcessingJob, unique_for=60, name="tests.until_processing")
 def until_processing(item: int, seconds: float = 0.0) -> int:
     record("until_processing", item)

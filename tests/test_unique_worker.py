@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -101,3 +102,45 @@ def test_worker_skips_message_whose_lock_is_held_by_another(app: Any, store_name
             stray.get(timeout=20)
         assert holder.get(timeout=20) == 4
     assert jobs.runs("unique_sleep") == ["4"]
+
+
+def test_dispatch_with_countdown_keeps_its_lock_for_the_wait(app: Any, store_name: str) -> None:
+    """U5: a dispatch that waits (countdown) keeps its lock for the wait plus unique_for, so
+    the fail-safe expiry does not free the key while the message is still queued."""
+    result = jobs.unique_sleep.apply_async((11,), countdown=500)
+    lock = lock_of(jobs.unique_sleep, 11)
+    assert lock is not None and lock.owner == result.id and lock.expires_at is not None
+    assert lock.expires_at - lock.acquired_at == pytest.approx(560, abs=2)
+
+
+def test_failing_signal_receiver_never_strands_a_lock(app: Any, store_name: str) -> None:
+    """U6: a lock_acquired receiver that raises does not leave a lock with nothing queued:
+    the dispatch is published and the error is logged."""
+    from dedup_jobs.signals import lock_acquired
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("metrics are down")
+
+    lock_acquired.connect(broken, weak=False)
+    try:
+        result = jobs.unique_sleep.delay(12)
+    finally:
+        lock_acquired.disconnect(broken)
+    assert result.deduplicated is False
+    with thread_worker(app):
+        assert result.get(timeout=20) == 12
+    assert lock_of(jobs.unique_sleep, 12) is None
+
+
+def test_retry_without_throw_hands_the_lock_to_the_retry(app: Any, store_name: str) -> None:
+    """U4: self.retry(throw=False) followed by a return does not release the lock the retry
+    now owns; a dispatch while the retry waits is deduplicated to it."""
+    result = jobs.unique_retry_nothrow.delay(13)
+    with thread_worker(app):
+        wait_for(lambda: len(jobs.runs("unique_retry_nothrow")) == 1)
+        time.sleep(0.5)  # the first attempt has returned; its retry waits 1 s
+        during = jobs.unique_retry_nothrow.delay(13)
+        assert during.deduplicated is True and during.id == result.id
+        wait_for(lambda: len(jobs.runs("unique_retry_nothrow")) == 2)
+        wait_for(lambda: lock_of(jobs.unique_retry_nothrow, 13) is None)
+    assert jobs.runs("unique_retry_nothrow") == ["(13, 0)", "(13, 1)"]

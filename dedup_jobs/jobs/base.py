@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery.contrib.django.task import DjangoTask
+from django.dispatch import Signal
 
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings
@@ -38,7 +39,23 @@ def _run_parameters(cls: type) -> list[inspect.Parameter] | None:
     return params
 
 
-class DedupJob(DjangoTask):  # type: ignore[misc]
+def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
+    """Send one of our signals without letting a failing receiver break the lock's life
+    cycle (a raising receiver between taking a lock and publishing would otherwise leave a
+    lock with nothing queued): receivers' errors are logged on the dedup_jobs logger."""
+    for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "dedup_jobs signal receiver %r raised %r (sender %s, %s)",
+                receiver,
+                response,
+                getattr(sender, "name", sender),
+                kwargs,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+class DedupJob(DjangoTask):  # type: ignore[type-arg]
     """Base of the three job kinds. Not used directly."""
 
     #: "unique" or "debounce": set by each kind; a class that is both is refused (U0)
@@ -113,8 +130,12 @@ class DedupJob(DjangoTask):  # type: ignore[misc]
         if hook is not None:
             return str(hook(*(args or ()), **(kwargs or {})))
         return keys.default_id(
-            self.name, self.run, args, kwargs,
-            getattr(self, self._key_fields_option, None), self._id_hook,
+            self.name,
+            self.run,
+            args,
+            kwargs,
+            getattr(self, self._key_fields_option, None),
+            self._id_hook,
         )
 
     def job_key(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> JobKey:

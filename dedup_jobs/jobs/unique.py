@@ -18,7 +18,7 @@ from celery.utils import uuid
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs.base import DedupJob, logger
+from dedup_jobs.jobs.base import DedupJob, logger, notify
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
@@ -98,11 +98,14 @@ class UniqueJob(DedupJob):
         store = self.store(alias)
         options = self.with_header(options, key.as_header(alias))
         now = clock.now()
-        ttl = self.lock_ttl()
+        # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
+        ttl = self.lock_ttl() + _wait(options, now)
         if retrying:
             # A retry is always published; it keeps (or re-takes) its own lock for the wait.
-            delay = float(options.get("countdown") or 0)
-            self._try_acquire(store, key, task_id, ttl + delay, now, reentrant=True)
+            self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
+            # The attempt that is ending must not release the lock it hands over to its
+            # retry (self.retry(throw=False) returns normally; the same id carries on).
+            request.update(dedup_handed_over=True)
             return super().apply_async(args, kwargs, task_id, **options)
         try:
             answer = store.acquire(key, task_id, ttl, now=now)
@@ -122,13 +125,13 @@ class UniqueJob(DedupJob):
             return result
         if not answer.acquired:
             return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
-        lock_acquired.send(sender=type(self), key=key.key, owner=task_id, store=alias)
         try:
             result = super().apply_async(args, kwargs, task_id, **options)
         except BaseException:
             # U6: never a lock with nothing queued.
             store.release(key, task_id)
             raise
+        notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
         result.deduplicated = False  # type: ignore[attr-defined]
         return result
 
@@ -151,8 +154,13 @@ class UniqueJob(DedupJob):
         kwargs: Any,
         options: dict[str, Any],
     ) -> AsyncResult[Any]:
-        unique_job_skipped.send(
-            sender=type(self), task_id=task_id, holder_id=holder, key=key.key, stage="dispatch"
+        notify(
+            unique_job_skipped,
+            type(self),
+            task_id=task_id,
+            holder_id=holder,
+            key=key.key,
+            stage="dispatch",
         )
         if self.on_duplicate == "raise":
             raise DuplicateJob(self.name, key.key, holder)
@@ -197,15 +205,26 @@ class UniqueJob(DedupJob):
                 alias,
                 exc_info=True,
             )
-            return self.run(*args, **kwargs)
+            try:
+                return self.run(*args, **kwargs)
+            finally:
+                # The store may be back: release this message's own lock (compare-and-delete,
+                # a no-op if it is gone or another owner's) so it does not outlive the run.
+                if not self.release_on_start:
+                    self._finish(store, key, owner, alias, "success")
         if not started.run:
             return self._skip(key, str(started.holder))
         if started.took:
-            lock_acquired.send(sender=type(self), key=key.key, owner=owner, store=alias)
+            notify(lock_acquired, type(self), key=key.key, owner=owner, store=alias)
         if self.release_on_start:
             if started.released:
-                lock_released.send(
-                    sender=type(self), key=key.key, owner=owner, store=alias, reason="processing"
+                notify(
+                    lock_released,
+                    type(self),
+                    key=key.key,
+                    owner=owner,
+                    store=alias,
+                    reason="processing",
                 )
             return self.run(*args, **kwargs)
         with leases.hold(store, key, owner, lease):
@@ -223,6 +242,8 @@ class UniqueJob(DedupJob):
             except BaseException:
                 self._finish(store, key, owner, alias, "failure")
                 raise
+        if getattr(request, "dedup_handed_over", False):
+            return result  # self.retry(throw=False): the retry message owns the lock now
         self._finish(store, key, owner, alias, "success")
         return result
 
@@ -239,9 +260,7 @@ class UniqueJob(DedupJob):
             )
             return
         if released:
-            lock_released.send(
-                sender=type(self), key=key.key, owner=owner, store=alias, reason=reason
-            )
+            notify(lock_released, type(self), key=key.key, owner=owner, store=alias, reason=reason)
 
     def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any) -> None:
         """Release the lock of a message the worker drops without the job's own release
@@ -268,8 +287,13 @@ class UniqueJob(DedupJob):
     def _skip(self, key: JobKey, holder: str) -> Any:
         """W3: another owner holds the lock; this message's body does not run."""
         request = self.request
-        unique_job_skipped.send(
-            sender=type(self), task_id=request.id, holder_id=holder, key=key.key, stage="worker"
+        notify(
+            unique_job_skipped,
+            type(self),
+            task_id=request.id,
+            holder_id=holder,
+            key=key.key,
+            stage="worker",
         )
         logger.info("%s[%s] skipped: %s is held by %s", self.name, request.id, key.key, holder)
         if request.group or request.chord:
@@ -303,3 +327,22 @@ class UniqueUntilProcessingJob(UniqueJob):
     (Laravel's ``ShouldBeUniqueUntilProcessing``)."""
 
     release_on_start = True
+
+
+def _wait(options: dict[str, Any], now: float) -> float:
+    """Seconds a message waits before a worker may take it (countdown or eta)."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if eta is None:
+        return 0.0
+    if isinstance(eta, str):
+        from datetime import datetime
+
+        eta = datetime.fromisoformat(eta)
+    if eta.tzinfo is None:
+        from django.utils import timezone as dj_timezone
+
+        eta = dj_timezone.make_aware(eta, dj_timezone.get_default_timezone())
+    return max(0.0, eta.timestamp() - now)
