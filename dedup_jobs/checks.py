@@ -139,15 +139,41 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
     return messages
 
 
+def check_debounce(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A3: the debounce options each registered DebouncedJob really has (Celery's
+    task_annotations or code can change them after the class was validated)."""
+    from dedup_jobs.jobs.debounced import DebouncedJob, debounce_problem
+
+    messages: list[checks.CheckMessage] = []
+    for task in registered_jobs():
+        if not isinstance(task, DebouncedJob):
+            continue
+        try:
+            type(task).validate_options()
+        except InvalidJobConfiguration:
+            continue  # the class itself is wrong: reported as E005
+        debounce_for, max_wait = task.debounce_for, task.max_wait
+        problem = debounce_problem(debounce_for, max_wait)
+        if problem is None:
+            continue
+        if problem.startswith("max_wait"):
+            messages.append(_error(8, f"{task.name}: {problem}",
+                                   f"Set {task.name}.max_wait to at least {debounce_for!r}."))
+        else:
+            messages.append(_error(7, f"{task.name}: {problem}",
+                                   f"Set {task.name}.debounce_for to a number of seconds."))
+    return messages
+
+
 def check_migrations(app_configs: Any = None, databases: Any = None,
                      **kwargs: Any) -> list[checks.CheckMessage]:
-    """The database store needs the JobLock table (runs with --database / migrate):
-    E006 when the database cannot be read, W003 when the table is missing."""
+    """The database store needs the JobLock and PendingDebounce tables (with --database):
+    E006 when the database cannot be read, W003 when a table is missing."""
     from django.db import DatabaseError, connections
 
     from dedup_jobs.conf import app_settings
     from dedup_jobs.stores import DATABASE
-    from dedup_jobs.stores.database.models import JobLock
+    from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 
     if DATABASE not in _store_aliases() or not databases:
         return []
@@ -159,11 +185,13 @@ def check_migrations(app_configs: Any = None, databases: Any = None,
     except DatabaseError as exc:
         return [_error(6, f"The database store cannot read database {using!r}: {exc}",
                        "Check DATABASES and DEDUP_JOBS['DATABASE_ALIAS'].")]
-    if JobLock._meta.db_table not in tables:
+    missing = [m._meta.db_table for m in (JobLock, PendingDebounce)
+               if m._meta.db_table not in tables]
+    if missing:
         # A warning, not an error: "migrate" runs database checks first and must not be
         # refused by the very table it is about to create.
         return [_warning(3, f"The 'database' store is in use but table "
-                          f"{JobLock._meta.db_table!r} is missing in database {using!r}.",
+                          f"{', '.join(map(repr, missing))} is missing in database {using!r}.",
                        "Run: python manage.py migrate dedup_jobs")]
     return []
 
@@ -173,4 +201,5 @@ def register() -> None:
     checks.register(check_stores, "dedup_jobs")
     checks.register(check_jobs, "dedup_jobs")
     checks.register(check_database_alias, "dedup_jobs")
+    checks.register(check_debounce, "dedup_jobs")
     checks.register(check_migrations, checks.Tags.database)

@@ -10,18 +10,32 @@ from dedup_jobs.jobs.base import HEADER, DedupJob, logger
 
 
 def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
-    """U4: a revoked (or expired) message releases its own lock, compare-and-delete."""
-    task = getattr(request, "task", None) or sender
+    """U4: a revoked (or expired) message releases its own lock, compare-and-delete; a
+    debounced burst whose message is revoked is cancelled (its state goes)."""
+    task = getattr(request, "task", None)
+    if not isinstance(task, DedupJob):
+        task = sender  # a discarded message's Context names its task, the sender is it
     if not isinstance(task, DedupJob) or request is None:
         return
+    from dedup_jobs.jobs.debounced import DebouncedJob
     from dedup_jobs.jobs.unique import UniqueJob
     from dedup_jobs.signals import lock_released
 
-    if not isinstance(task, UniqueJob):
-        return
     message_headers = getattr(request, "request_dict", None) or {}
-    header = (message_headers.get("headers") or {}).get(HEADER) or message_headers.get(HEADER)
+    header = (
+        (message_headers.get("headers") or {}).get(HEADER)
+        or message_headers.get(HEADER)
+        # A message discarded on arrival (revoked, expired) comes with its Context, which
+        # carries the message headers as attributes.
+        or getattr(request, HEADER, None)
+        or (getattr(request, "headers", None) or {}).get(HEADER)
+    )
     if not isinstance(header, dict):
+        return
+    if isinstance(task, DebouncedJob):
+        task.cancel_burst(request.id, header)
+        return
+    if not isinstance(task, UniqueJob):
         return
     key = task.key_from_header(header)
     try:

@@ -1,26 +1,306 @@
-"""DebouncedJob: only the last dispatch of a burst runs. (Built in the debounce issue.)"""
+"""DebouncedJob: only the last dispatch of a burst runs, ``debounce_for`` seconds after it,
+and never later than ``max_wait`` after the burst's first dispatch.
+
+Where a dispatch is decided: :meth:`DebouncedJob.apply_async` → ``store.debounce`` (one store
+call). The first dispatch of a burst publishes the burst's one message (countdown
+``debounce_for``); later ones only update the state and send ``job_debounced`` for the
+dispatch they supersede.
+Where the worker decides: :meth:`DebouncedJob.__call__` → ``store.claim_due`` (one store
+call): not due yet → the message re-publishes itself for when it is due; due → it claims
+the state (a later dispatch starts a new burst) and runs with the latest arguments.
+Where results go: :func:`dedup_jobs.jobs.absorbed.record_outcome`, under every absorbed id.
+See docs/debounce.md.
+"""
 
 from __future__ import annotations
 
-from typing import ClassVar
+import traceback
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
-from dedup_jobs.exceptions import InvalidJobConfiguration
-from dedup_jobs.jobs.base import DedupJob
+from celery.exceptions import Ignore, Reject, Retry
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
+from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome
+from dedup_jobs.jobs.base import DedupJob, logger
+from dedup_jobs.keys import JobKey
+from dedup_jobs.signals import job_debounced
+from dedup_jobs.stores.base import CLAIMED, WAIT, BaseStore, encode_call
+
+#: seconds the state of a burst outlives its due time, so that a message delayed by a worker
+#: outage still finds it (after that a new dispatch starts a new burst)
+STATE_GRACE = 3600.0
+
+#: header flags of a message that already owns its burst (a retry of the claimed run)
+CLAIMED_FLAG = "claimed"
+ABSORBED = "absorbed"
+
+#: options that put a dispatch inside a canvas: such a dispatch is published as it is
+CANVAS_OPTIONS = ("chain", "group_id", "chord")
 
 
 class DebouncedJob(DedupJob):
+    """A job that runs once per burst of dispatches with the same debounce id, with the last
+    dispatch's arguments (Laravel's ``DebounceFor``, with a ``max_wait`` that holds)."""
+
     dedup_kind: ClassVar[str] = "debounce"
     _key_fields_option = "debounce_on"
     _id_hook = "debounce_id"
     _via_option = "debounce_via"
 
+    #: seconds of quiet after the last dispatch before the job runs (required, > 0)
     debounce_for: float | None = None
+    #: seconds after a burst's first dispatch by which it runs however busy the stream
+    #: (>= debounce_for; None: no cap)
     max_wait: float | None = None
+    #: argument names that form the debounce id (default: all arguments of run)
     debounce_on: tuple[str, ...] | None = None
-    debounce_via: object = None
+    #: a CACHES alias or "database" (attribute, or a method returning it)
+    debounce_via: Any = None
 
     @classmethod
     def validate_options(cls) -> None:
-        raise InvalidJobConfiguration(
-            f"{cls._job_label()}: DebouncedJob is not available in this version yet."
+        label = cls._job_label()
+        if getattr(cls, "unique_for", None) is not None or getattr(cls, "unique_on", None):
+            raise InvalidJobConfiguration(
+                f"{label} is both unique and debounced (it sets unique_for/unique_on). Use "
+                f"UniqueJob for uniqueness, or drop those options."
+            )
+        problem = debounce_problem(cls.debounce_for, cls.max_wait)
+        if problem:
+            raise InvalidJobConfiguration(f"{label}: {problem}")
+        super().validate_options()
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def apply_async(  # type: ignore[override,unused-ignore]
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult[Any]:
+        options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
+        publish = super().apply_async
+        request = self.request
+        if task_id is not None and not request.called_directly and task_id == request.id:
+            return publish(args, kwargs, task_id, **self._retry_options(options))
+        if (
+            link
+            or link_error
+            or any(options.get(name) for name in CANVAS_OPTIONS)
+            or self.app.conf.task_always_eager
+        ):
+            # A canvas continuation needs this very message: published as it is, it runs
+            # (no header, so the worker runs it unchecked). Eager mode runs at once too.
+            return publish(args, kwargs, task_id, **options)
+        task_id = task_id or uuid()
+        key = self.job_key(args, kwargs)
+        alias = self.store_alias()
+        store = self.store(alias)
+        debounce_for = float(self.debounce_for or 0)
+        try:
+            answer = store.debounce(
+                key,
+                task_id,
+                encode_call(args, kwargs),
+                now=clock.now(),
+                debounce_for=debounce_for,
+                max_wait=None if self.max_wait is None else float(self.max_wait),
+                ttl=STATE_GRACE,
+            )
+        except StoreUnavailable:
+            if app_settings.ON_STORE_ERROR != "enqueue":
+                raise
+            logger.warning(
+                "%s[%s]: store %r unavailable, publishing without debouncing "
+                "(ON_STORE_ERROR='enqueue').",
+                self.name,
+                task_id,
+                alias,
+                exc_info=True,
+            )
+            return publish(args, kwargs, task_id, **options)
+        if answer.superseded:
+            job_debounced.send(
+                sender=type(self),
+                debounce_id=key.ident,
+                superseded_id=answer.superseded,
+                by_id=task_id,
+                key=key.key,
+            )
+        if not answer.new:
+            return self.AsyncResult(task_id)
+        options.pop("eta", None)
+        options = self.with_header({**options, "countdown": debounce_for}, key.as_header(alias))
+        try:
+            return publish(args, kwargs, task_id, **options)
+        except BaseException:
+            self._abandon(store, key, task_id)
+            raise
+
+    def _abandon(self, store: BaseStore, key: JobKey, message_id: str) -> None:
+        """Publishing the burst's message failed: drop its state, so that the next dispatch
+        starts a burst that does get a message."""
+        try:
+            due = store.claim_due(key, message_id, now=clock.now() + 10 * STATE_GRACE)
+        except StoreUnavailable:
+            logger.warning(
+                "%s: could not drop the state of unpublished burst %s",
+                self.name,
+                key.key,
+                exc_info=True,
+            )
+            return
+        lost = [i for i in due.absorbed if i != message_id]
+        if lost:
+            logger.warning(
+                "%s: the burst %s lost its message; dispatches %s were absorbed "
+                "into it and will not run.",
+                self.name,
+                key.key,
+                lost,
+            )
+
+    def cancel_burst(self, message_id: str, header: dict[str, Any]) -> None:
+        """The burst's message was revoked or expired: the burst is cancelled. Its state goes
+        (the next dispatch starts a new burst, instead of joining one that will never run)
+        and every dispatch it had absorbed ends REVOKED too."""
+        if header.get(CLAIMED_FLAG):
+            return
+        try:
+            due = self.store(str(header["via"])).claim_due(
+                self.key_from_header(header), message_id, now=clock.now() + 10 * STATE_GRACE
+            )
+        except StoreUnavailable:
+            logger.warning(
+                "%s[%s]: could not cancel the debounce state of the revoked message.",
+                self.name,
+                message_id,
+                exc_info=True,
+            )
+            return
+        if due.action != CLAIMED or self.ignore_result:
+            return
+        reason = f"debounce burst cancelled: its message {message_id} was revoked"
+        for task_id in due.absorbed:
+            if task_id != message_id:
+                self.backend.mark_as_revoked(task_id, reason=reason)
+
+    def _retry_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A retry of a claimed run keeps its burst: flagged claimed (no new debounce), with
+        the ids whose results it still owes."""
+        header = self.header()
+        if header is None:
+            return options
+        absorbed = getattr(self.request, "dedup_absorbed", None) or header.get(ABSORBED) or []
+        return self.with_header(options, {**header, CLAIMED_FLAG: True, ABSORBED: absorbed})
+
+    # -- worker -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        header = self.header()
+        if header is None:
+            return self.run(*args, **kwargs)  # send_task, a canvas link, or store down
+        if header.get(CLAIMED_FLAG):
+            return self._run_burst(args, kwargs, list(header.get(ABSORBED) or ()))
+        key, alias = self.key_from_header(header), str(header["via"])
+        owner = str(request.id)
+        try:
+            due = self.store(alias).claim_due(key, owner, now=clock.now())
+        except StoreUnavailable:
+            logger.warning(
+                "%s[%s]: store %r unavailable at the debounce check; running.",
+                self.name,
+                owner,
+                alias,
+                exc_info=True,
+            )
+            return self.run(*args, **kwargs)
+        if due.action == WAIT:
+            self._reschedule(args, kwargs, header, float(due.wait_until or 0))
+        if due.action != CLAIMED:
+            # D7: the state is gone (flushed, evicted) or belongs to a newer burst: fail open.
+            logger.warning(
+                "%s[%s]: debounce state %s is %s; running the message as published.",
+                self.name,
+                owner,
+                key.key,
+                due.action,
+            )
+            return self.run(*args, **kwargs)
+        # Retries of this run re-send the latest arguments, not the first dispatch's.
+        request.args, request.kwargs = list(due.args), dict(due.kwargs)
+        others = [i for i in due.absorbed if i != owner]
+        return self._run_burst(due.args, due.kwargs, others)
+
+    def _reschedule(self, args: Any, kwargs: Any, header: dict[str, Any], until: float) -> None:
+        """A later dispatch moved the burst: this message re-publishes itself (same id) for
+        when the burst is due, and ends without a result."""
+        countdown = max(0.0, until - clock.now())
+        signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
+        options = dict(signature.options)
+        task_id = options.pop("task_id", None) or self.request.id
+        options.pop("eta", None)
+        options = self.with_header({**options, "countdown": countdown}, header)
+        super().apply_async(args, kwargs, task_id, **options)
+        raise Ignore()
+
+    def _run_burst(self, args: Sequence[Any], kwargs: dict[str, Any], others: list[str]) -> Any:
+        """Run with the burst's latest arguments; record the outcome under ``others`` (every
+        absorbed id but this message's own, which Celery records)."""
+        request = self.request
+        request.dedup_absorbed = others  # type: ignore[attr-defined]
+        keep = not (self.ignore_result or request.ignore_result)
+        try:
+            result = self.run(*args, **kwargs)
+        except (Retry, Ignore):
+            raise  # a retry carries ``others`` in its header; Ignore means hands off
+        except Reject as exc:
+            if keep and not getattr(exc, "requeue", False):
+                record_outcome(self.backend, others, exc, FAILURE, traceback.format_exc())
+            raise
+        except BaseException as exc:
+            if keep:
+                record_outcome(self.backend, others, exc, FAILURE, traceback.format_exc())
+            raise
+        if keep:
+            record_outcome(self.backend, others, result, SUCCESS)
+        return result
+
+
+def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
+    """What is wrong with a pair of debounce options, or None."""
+    if debounce_for is None:
+        return (
+            "debounce_for is not set. Give the seconds of quiet before the job runs, "
+            "e.g. debounce_for=30."
         )
+    if (
+        isinstance(debounce_for, bool)
+        or not isinstance(debounce_for, (int, float))
+        or debounce_for <= 0
+    ):
+        return f"debounce_for = {debounce_for!r} must be a number of seconds above 0."
+    if max_wait is None:
+        return None
+    if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)):
+        return f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)."
+    if max_wait < debounce_for:
+        return (
+            f"max_wait = {max_wait!r} is less than debounce_for = {debounce_for!r}: "
+            f"the cap would cut every burst short. Set max_wait >= debounce_for, or "
+            f"None for no cap."
+        )
+    return None

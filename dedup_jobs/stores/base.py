@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu.utils.json import dumps, loads
 
 from dedup_jobs.keys import JobKey
 
@@ -42,6 +45,66 @@ class Started:
     holder: str | None  # the other owner when run is False
     took: bool = False  # the lock was free and the caller now holds it
     released: bool = False  # release=True and the caller's lock was deleted
+
+
+@dataclass(frozen=True, kw_only=True)
+class DebounceState:
+    """A pending debounce (one burst not yet run), as the admin lists it."""
+
+    key: str
+    task_name: str
+    ident: str  # the readable debounce id
+    count: int  # dispatches absorbed in this burst so far
+    first_dispatch_at: float  # epoch seconds
+    last_dispatch_at: float  # epoch seconds
+    runs_at: float  # epoch seconds: last dispatch + debounce_for, capped by the deadline
+    deadline: float | None  # first dispatch + max_wait; None without max_wait
+    message_id: str  # task id of the burst's one broker message (its first dispatch)
+    latest_id: str  # task id of the latest dispatch, whose arguments the run will use
+    args: tuple[Any, ...]  # the latest dispatch's positional arguments
+    kwargs: dict[str, Any]  # the latest dispatch's keyword arguments
+    store: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Debounced:
+    """The answer of :meth:`BaseStore.debounce` (one dispatch)."""
+
+    new: bool  # the first dispatch of a burst: the caller publishes the burst's message
+    message_id: str  # the burst's message id (the caller's own id when new)
+    superseded: str | None = None  # the previous latest dispatch, superseded by the caller
+
+
+#: seconds: a debounce message whose timer fires this much before the burst is due runs
+DUE_TOLERANCE = 0.025
+
+CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
+WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
+MISSING = "missing"  # no state (flushed, evicted, expired): run the message as it is
+OTHER = "other"  # the state belongs to another message (a newer burst): run as it is
+
+
+@dataclass(frozen=True, kw_only=True)
+class Due:
+    """The answer of :meth:`BaseStore.claim_due`, the worker-side decision of a debounce
+    message."""
+
+    action: str  # CLAIMED, WAIT, MISSING or OTHER
+    wait_until: float | None = None  # WAIT: when the burst is due (epoch seconds)
+    latest_id: str | None = None  # CLAIMED: the dispatch whose arguments run
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    absorbed: tuple[str, ...] = ()  # CLAIMED: every dispatch id of the burst, in order
+
+
+def encode_call(args: Sequence[Any] | None, kwargs: dict[str, Any] | None) -> str:
+    """The latest arguments as stored: kombu's JSON of ``[args, kwargs]``."""
+    return str(dumps([list(args or ()), dict(kwargs or {})]))
+
+
+def decode_call(payload: str | bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args, kwargs = loads(payload)
+    return tuple(args), dict(kwargs)
 
 
 class BaseStore(ABC):
@@ -90,6 +153,35 @@ class BaseStore(ABC):
     def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
         """Every held lock, streamed in batches (only where ``can_list``)."""
         raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list locks")
+
+    # -- debounce -----------------------------------------------------------------------
+
+    @abstractmethod
+    def debounce(
+        self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
+        max_wait: float | None, ttl: float,
+    ) -> Debounced:
+        """One dispatch of a debounced job, atomically. No pending burst at ``key``: start
+        one (the caller publishes its message). Otherwise absorb the dispatch: it becomes
+        the latest (``payload`` = its arguments, from :func:`encode_call`), runs-at moves to
+        ``now + debounce_for``, and the previous latest is reported as superseded. The
+        state lives ``ttl`` seconds past its runs-at/deadline."""
+
+    @abstractmethod
+    def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
+        """The burst's message is at the worker. Due (runs-at or deadline reached) and the
+        burst is this message's: delete the state and hand over the latest arguments and
+        every absorbed id (CLAIMED), so that later dispatches start a new burst. Not due:
+        WAIT. No state: MISSING. Another message's burst: OTHER."""
+
+    @abstractmethod
+    def get_debounce(self, key: JobKey) -> DebounceState | None:
+        """The pending burst at ``key``, or None."""
+
+    def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
+        """Every pending burst, soonest run first where the store can tell, streamed in
+        batches (only where ``can_list``)."""
+        raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list debounces")
 
     def check(self) -> list[str]:
         """Problems with this store's configuration, as text for the system checks."""

@@ -5,22 +5,47 @@ are accepted with a system-check warning; DummyCache is refused.
 Release, renew and the worker check read then write (two cache calls): a lock that expires
 between the two can be deleted or overwritten by its former owner. The django-redis and
 database stores have no such window.
+
+Debounce state is a dict at the debounce key, read and written under a short mutex taken with
+``cache.add`` (so it is as atomic as ``add`` is); each dispatch id of a burst sits in a key of
+its own (``{key}:ids:{message id}:{n}``), so a dispatch costs O(1) whatever the burst's size.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from celery.utils import uuid
 from django.core.cache import caches
 
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, BaseStore, LockInfo, Started
+from dedup_jobs.stores.base import (
+    CLAIMED,
+    DUE_TOLERANCE,
+    MISSING,
+    OTHER,
+    QUEUED,
+    RUNNING,
+    WAIT,
+    Acquired,
+    BaseStore,
+    Debounced,
+    DebounceState,
+    Due,
+    LockInfo,
+    Started,
+    decode_call,
+)
 
 NON_ATOMIC_BACKENDS = (
     "django.core.cache.backends.db.DatabaseCache",
     "django.core.cache.backends.filebased.FileBasedCache",
 )
+MUTEX_SECONDS = 5.0  # a crashed holder's debounce mutex frees itself after this
 DUMMY_BACKEND = "django.core.cache.backends.dummy.DummyCache"
 LOCAL_BACKEND = "django.core.cache.backends.locmem.LocMemCache"
 
@@ -111,3 +136,87 @@ class CacheStore(BaseStore):
             owner=current["owner"], state=current["state"], acquired_at=current["acquired"],
             expires_at=current["expires"], store=self.alias,
         )
+
+    # -- debounce -----------------------------------------------------------------------
+
+    @contextmanager
+    def _mutex(self, key: JobKey) -> Iterator[None]:
+        name, token = f"{key.key}:mutex", uuid()
+        give_up = time.monotonic() + MUTEX_SECONDS
+        pause = 0.0005
+        while not self.cache.add(name, token, MUTEX_SECONDS):
+            if time.monotonic() > give_up:
+                raise StoreUnavailable(self.alias, f"debounce mutex {name!r} stayed taken")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+        try:
+            yield
+        finally:
+            if self.cache.get(name) == token:
+                self.cache.delete(name)
+
+    @staticmethod
+    def _ids_key(key: JobKey, message: str, n: int) -> str:
+        return f"{key.key}:ids:{message}:{n}"
+
+    def debounce(
+        self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
+        max_wait: float | None, ttl: float,
+    ) -> Debounced:
+        with self._mutex(key):
+            state = self.cache.get(key.key)
+            superseded = None
+            if state is None or state["expires"] <= now:
+                state = {
+                    "message": task_id, "latest": task_id, "payload": payload, "first": now,
+                    "last": now, "run_at": now + debounce_for, "count": 1,
+                    "deadline": None if max_wait is None else now + max_wait,
+                    "task": key.task_name, "id": key.ident,
+                }
+            else:
+                superseded = state["latest"]
+                state = {**state, "latest": task_id, "payload": payload, "last": now,
+                         "run_at": now + debounce_for, "count": state["count"] + 1}
+            timeout = _due(state) - now + ttl
+            state["expires"] = now + timeout
+            self.cache.set_many({
+                key.key: state,
+                self._ids_key(key, state["message"], state["count"]): task_id,
+            }, timeout)
+        return Debounced(new=superseded is None, message_id=state["message"],
+                         superseded=superseded)
+
+    def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
+        with self._mutex(key):
+            state = self.cache.get(key.key)
+            if state is None:
+                return Due(action=MISSING)
+            if state["message"] != message_id:
+                return Due(action=OTHER)
+            due = _due(state)
+            if due - now > DUE_TOLERANCE:
+                return Due(action=WAIT, wait_until=due)
+            names = [self._ids_key(key, message_id, n) for n in range(1, state["count"] + 1)]
+            found = self.cache.get_many(names)
+            self.cache.delete_many([key.key, *names])
+        args, kwargs = decode_call(state["payload"])
+        return Due(action=CLAIMED, latest_id=state["latest"], args=args, kwargs=kwargs,
+                   absorbed=tuple(found[name] for name in names if name in found))
+
+    def get_debounce(self, key: JobKey) -> DebounceState | None:
+        state = self.cache.get(key.key)
+        if state is None or "message" not in state:
+            return None
+        args, kwargs = decode_call(state["payload"])
+        return DebounceState(
+            key=key.key, task_name=state["task"], ident=state["id"], count=state["count"],
+            first_dispatch_at=state["first"], last_dispatch_at=state["last"],
+            runs_at=_due(state), deadline=state["deadline"], message_id=state["message"],
+            latest_id=state["latest"], args=args, kwargs=kwargs, store=self.alias,
+        )
+
+
+def _due(state: dict[str, Any]) -> float:
+    deadline = state["deadline"]
+    run_at: float = state["run_at"]
+    return run_at if deadline is None else min(run_at, deadline)

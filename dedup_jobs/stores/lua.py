@@ -93,3 +93,68 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 return 1
 """
+
+# A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
+# task, id) beside a list of every dispatch id of the burst ("{state key}:ids"); the index
+# "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are due (ms).
+
+# DEBOUNCE — one dispatch: start a burst, or absorb the dispatch into the pending one.
+# KEYS[1] state hash, KEYS[2] ids list, KEYS[3] debounce index
+# ARGV[1] task id, ARGV[2] payload (latest args), ARGV[3] now ms, ARGV[4] debounce_for ms,
+# ARGV[5] max_wait ms or "" (none), ARGV[6] ttl ms (how long the state outlives its due time),
+# ARGV[7] task name, ARGV[8] readable id
+# Returns {1, task id, ""} when it started a burst (the caller publishes its message), or
+# {0, message id, superseded id} when it was absorbed.
+DEBOUNCE = """
+local now = tonumber(ARGV[3])
+local run_at = now + tonumber(ARGV[4])
+local ttl = tonumber(ARGV[6])
+local msg = redis.call('HGET', KEYS[1], 'message')
+local prev = false
+local deadline
+if msg then
+  local cur = redis.call('HMGET', KEYS[1], 'latest', 'deadline')
+  prev = cur[1]
+  deadline = tonumber(cur[2])
+  redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'payload', ARGV[2], 'last', now,
+             'run_at', run_at)
+  redis.call('HINCRBY', KEYS[1], 'count', 1)
+else
+  msg = ARGV[1]
+  redis.call('DEL', KEYS[2])
+  if ARGV[5] ~= '' then deadline = now + tonumber(ARGV[5]) end
+  redis.call('HSET', KEYS[1], 'message', msg, 'latest', msg, 'payload', ARGV[2],
+             'first', now, 'last', now, 'run_at', run_at, 'deadline', deadline or '',
+             'count', 1, 'task', ARGV[7], 'id', ARGV[8])
+end
+redis.call('RPUSH', KEYS[2], ARGV[1])
+local due = run_at
+if deadline and deadline < due then due = deadline end
+redis.call('PEXPIRE', KEYS[1], due - now + ttl)
+redis.call('PEXPIRE', KEYS[2], due - now + ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - ttl))
+redis.call('ZADD', KEYS[3], due, KEYS[1])
+if prev then return {0, msg, prev} end
+return {1, msg, ''}
+"""
+
+# CLAIM — the burst's message is at the worker: claim the burst if it is due.
+# KEYS[1] state hash, KEYS[2] ids list, KEYS[3] debounce index
+# ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due)
+# Returns {"missing"}, {"other", message id}, {"wait", due ms}, or
+# {"claimed", latest id, payload, {ids...}} after deleting the state (a later dispatch starts
+# a new burst).
+CLAIM = """
+local s = redis.call('HMGET', KEYS[1], 'message', 'run_at', 'deadline')
+if not s[1] then return {'missing'} end
+if s[1] ~= ARGV[1] then return {'other', s[1]} end
+local due = tonumber(s[2])
+local deadline = tonumber(s[3])
+if deadline and deadline < due then due = deadline end
+if due - tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'wait', due} end
+local v = redis.call('HMGET', KEYS[1], 'latest', 'payload')
+local ids = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('ZREM', KEYS[3], KEYS[1])
+return {'claimed', v[1], v[2], ids}
+"""

@@ -11,7 +11,22 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import lua
-from dedup_jobs.stores.base import QUEUED, Acquired, BaseStore, LockInfo, Started
+from dedup_jobs.stores.base import (
+    CLAIMED,
+    DUE_TOLERANCE,
+    MISSING,
+    OTHER,
+    QUEUED,
+    WAIT,
+    Acquired,
+    BaseStore,
+    Debounced,
+    DebounceState,
+    Due,
+    LockInfo,
+    Started,
+    decode_call,
+)
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -62,11 +77,21 @@ class RedisStore(BaseStore):
     def index_key(self) -> str:
         return self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
 
+    def debounce_index_key(self) -> str:
+        return self.physical(f"{app_settings.KEY_PREFIX}:index:debounce")
+
     def _call(self, name: str, key: JobKey, *args: Any) -> Any:
+        return self._eval(name, [self.physical(key.key), self.index_key()], args)
+
+    def _eval(self, name: str, keys: list[str], args: Any) -> Any:
         try:
-            return self._script(name)(keys=[self.physical(key.key), self.index_key()], args=args)
+            return self._script(name)(keys=keys, args=args)
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
+
+    def _debounce_keys(self, key: JobKey) -> list[str]:
+        physical = self.physical(key.key)
+        return [physical, f"{physical}:ids", self.debounce_index_key()]
 
     # -- decisions ----------------------------------------------------------------------
 
@@ -97,6 +122,79 @@ class RedisStore(BaseStore):
     def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
         return bool(self._call("RENEW", key, owner, _ms(ttl), _ms(now)))
 
+    # -- debounce -----------------------------------------------------------------------
+
+    def debounce(
+        self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
+        max_wait: float | None, ttl: float,
+    ) -> Debounced:
+        new, message, superseded = self._eval("DEBOUNCE", self._debounce_keys(key), (
+            task_id, payload, _ms(now), _ms(debounce_for),
+            "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
+        ))
+        return Debounced(new=bool(new), message_id=_text(message),
+                         superseded=_text(superseded) or None)
+
+    def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
+        answer = self._eval("CLAIM", self._debounce_keys(key),
+                            (message_id, _ms(now), int(DUE_TOLERANCE * 1000)))
+        action = _text(answer[0])
+        if action == CLAIMED:
+            args, kwargs = decode_call(answer[2])
+            return Due(action=CLAIMED, latest_id=_text(answer[1]), args=args, kwargs=kwargs,
+                       absorbed=tuple(_text(i) for i in answer[3]))
+        if action == WAIT:
+            return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
+        return Due(action=OTHER if action == OTHER else MISSING)
+
+    def _debounce_state(self, physical: str, fields: dict[bytes, bytes]) -> DebounceState | None:
+        if not fields or b"message" not in fields:
+            return None
+        data = {_text(k): _text(v) for k, v in fields.items()}
+        args, kwargs = decode_call(data["payload"])
+        run_at = int(data["run_at"]) / 1000
+        deadline = int(data["deadline"]) / 1000 if data.get("deadline") else None
+        prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:debounce:")
+        return DebounceState(
+            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            task_name=data.get("task", ""), ident=data.get("id", ""),
+            count=int(data.get("count", "1")),
+            first_dispatch_at=int(data["first"]) / 1000,
+            last_dispatch_at=int(data["last"]) / 1000,
+            runs_at=run_at if deadline is None else min(run_at, deadline),
+            deadline=deadline, message_id=data["message"], latest_id=data["latest"],
+            args=args, kwargs=kwargs, store=self.alias,
+        )
+
+    def get_debounce(self, key: JobKey) -> DebounceState | None:
+        physical = self.physical(key.key)
+        try:
+            return self._debounce_state(physical, self.client.hgetall(physical))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
+        """Walk the debounce index, soonest due first, ``batch_size`` per pipelined read."""
+        yield from self._walk(self.debounce_index_key(), batch_size, self._debounce_state)
+
+    def _walk(self, index: str, batch_size: int, parse: Any) -> Iterator[Any]:
+        start = 0
+        try:
+            while True:
+                members = self.client.zrange(index, start, start + batch_size - 1)
+                if not members:
+                    return
+                pipe = self.client.pipeline(transaction=False)
+                for member in members:
+                    pipe.hgetall(member)
+                for member, fields in zip(members, pipe.execute(), strict=True):
+                    item = parse(_text(member), fields)
+                    if item is not None:
+                        yield item
+                start += batch_size
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
     # -- reading ------------------------------------------------------------------------
 
     def _info(self, physical: str, fields: dict[bytes, bytes]) -> LockInfo | None:
@@ -124,23 +222,7 @@ class RedisStore(BaseStore):
 
     def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
         """Walk the index by expiry, ``batch_size`` locks per pipelined read."""
-        index = self.index_key()
-        start = 0
-        try:
-            while True:
-                members = self.client.zrange(index, start, start + batch_size - 1)
-                if not members:
-                    return
-                pipe = self.client.pipeline(transaction=False)
-                for member in members:
-                    pipe.hgetall(member)
-                for member, fields in zip(members, pipe.execute(), strict=True):
-                    info = self._info(_text(member), fields)
-                    if info is not None:
-                        yield info
-                start += batch_size
-        except self._errors as exc:
-            raise StoreUnavailable(self.alias, exc) from exc
+        yield from self._walk(self.index_key(), batch_size, self._info)
 
     def trim_index(self) -> int:
         """Drop index entries of locks that expired (their keys are gone already)."""

@@ -39,3 +39,43 @@ class JobLock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.ident}] held by {self.owner}"
+
+
+class PendingDebounceQuerySet(models.QuerySet["PendingDebounce"]):
+    def pending(self, now: datetime | None = None) -> PendingDebounceQuerySet:
+        return self.filter(expires_at__gt=now or clock.to_datetime(clock.now()))
+
+    def expired(self, now: datetime | None = None) -> PendingDebounceQuerySet:
+        return self.filter(expires_at__lte=now or clock.to_datetime(clock.now()))
+
+
+class PendingDebounce(models.Model):
+    """One burst of a debounced job that has not run yet (the database store's debounce
+    state). The row is deleted when the burst's message claims it to run."""
+
+    key = models.CharField(max_length=512, unique=True)
+    task_name = models.CharField(max_length=255, db_index=True)
+    ident = models.TextField("debounce id", blank=True)
+    message_id = models.CharField("message task id", max_length=255)
+    latest_id = models.CharField("latest dispatch id", max_length=255)
+    superseded_id = models.CharField(max_length=255, blank=True)
+    payload = models.TextField("latest arguments")
+    count = models.PositiveIntegerField("dispatches", default=1)
+    first_dispatch_at = models.DateTimeField()
+    last_dispatch_at = models.DateTimeField()
+    run_at = models.DateTimeField()
+    deadline = models.DateTimeField("max-wait deadline", null=True, blank=True)
+    runs_at = models.DateTimeField(db_index=True)
+    expires_at = models.DateTimeField(db_index=True)
+    absorbed = models.TextField("dispatch ids", blank=True)
+
+    objects = PendingDebounceQuerySet.as_manager()
+
+    class Meta:
+        app_label = "dedup_jobs"
+        verbose_name = "pending debounce"
+        verbose_name_plural = "pending debounces"
+        ordering = ("runs_at",)
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.ident}] x{self.count}, runs at {self.runs_at}"

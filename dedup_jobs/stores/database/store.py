@@ -16,6 +16,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, BaseStore, LockInfo, Started
+from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
 from dedup_jobs.stores.database.models import JobLock
 
 UPSERT_VENDORS = ("postgresql", "sqlite")
@@ -43,7 +44,7 @@ FREE = "{t}.expires_at <= EXCLUDED.acquired_at"
 MINE = "({t}.owner = EXCLUDED.owner AND NOT {t}.expires_at <= EXCLUDED.acquired_at)"
 
 
-class DatabaseStore(BaseStore):
+class DatabaseStore(DatabaseDebounceMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:
