@@ -1,5 +1,22 @@
-"""Django discovers the app's models here; they live beside the store that uses them."""
+"""Django discovers the app's models here. ``JobLock`` and ``PendingDebounce`` live beside
+the store that uses them; ``JobClass`` has no table (``managed = False``): it only gives the
+admin's *Job classes* page its place in the app's section (see docs/admin.md)."""
+
+from django.db import models
 
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 
-__all__ = ["JobLock", "PendingDebounce"]
+__all__ = ["JobClass", "JobLock", "PendingDebounce"]
+
+
+class JobClass(models.Model):
+    """Admin entry for the registered dedup job classes (read from the Celery app)."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        verbose_name = "job class"
+        verbose_name_plural = "job classes"
+
+    def __str__(self) -> str:
+        return "job class"

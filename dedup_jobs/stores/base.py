@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from kombu.utils.json import dumps, loads
 
@@ -27,6 +27,19 @@ class LockInfo:
     acquired_at: float  # epoch seconds
     expires_at: float | None  # epoch seconds, None if the store cannot tell
     store: str
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Page(Generic[T]):
+    """One page of held locks or pending debounces for the admin: ``total`` is None when the
+    store found the page without counting every match (``has_more`` says if more follow)."""
+
+    items: list[T]
+    total: int | None
+    has_more: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +167,18 @@ class BaseStore(ABC):
         """Every held lock, streamed in batches (only where ``can_list``)."""
         raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list locks")
 
+    def lock_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[LockInfo]:
+        """Held locks ``offset`` to ``offset + limit`` (soonest expiry first), narrowed to one
+        job and/or a case-insensitive search in job name and id (only where ``can_list``)."""
+        raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list locks")
+
+    def release_queued(self, key: JobKey, owner: str) -> bool:
+        """Compare-and-delete for operators: delete the lock only if ``owner`` holds it and
+        it is still queued, never once its job is running (only where ``can_list``)."""
+        raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list locks")
+
     # -- debounce -----------------------------------------------------------------------
 
     @abstractmethod
@@ -181,6 +206,13 @@ class BaseStore(ABC):
     def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
         """Every pending burst, soonest run first where the store can tell, streamed in
         batches (only where ``can_list``)."""
+        raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list debounces")
+
+    def debounce_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[DebounceState]:
+        """Pending bursts ``offset`` to ``offset + limit`` (soonest run first), narrowed as
+        :meth:`lock_page` (only where ``can_list``)."""
         raise NotImplementedError(self.cannot_list_reason or f"{self!r} cannot list debounces")
 
     def check(self) -> list[str]:

@@ -94,6 +94,20 @@ end
 return 1
 """
 
+# RELEASE_QUEUED — an operator's compare-and-delete (clear_stale_locks): only the owner's lock,
+# and only while it is still queued, so a job that started in the meantime keeps its lock.
+# KEYS[1] lock key, KEYS[2] index key; ARGV[1] owner
+# Returns 1 when the lock was deleted, 0 otherwise (free, another owner's, or running).
+RELEASE_QUEUED = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+   and redis.call('HGET', KEYS[1], 'state') ~= 'running' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], KEYS[1])
+  return 1
+end
+return 0
+"""
+
 # A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
 # task, id) beside a list of every dispatch id of the burst ("{state key}:ids"); the index
 # "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are due (ms).

@@ -24,9 +24,13 @@ from dedup_jobs.stores.base import (
     DebounceState,
     Due,
     LockInfo,
+    Page,
     Started,
     decode_call,
 )
+
+#: index entries examined per ZSCAN call when the admin searches
+SCAN_COUNT = 2000
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -221,8 +225,84 @@ class RedisStore(BaseStore):
             raise StoreUnavailable(self.alias, exc) from exc
 
     def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
-        """Walk the index by expiry, ``batch_size`` locks per pipelined read."""
-        yield from self._walk(self.index_key(), batch_size, self._info)
+        """Every held lock, ``batch_size`` index entries per ZSCAN and one pipelined read of
+        their hashes. ZSCAN's cursor survives deletions, so callers may release as they go
+        (a lock may, rarely, be yielded twice while Redis rehashes the index)."""
+        index = self.index_key()
+        cursor = 0
+        try:
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, count=batch_size)
+                yield from self._read([member for member, _score in entries])
+                if cursor == 0:
+                    return
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def _read(self, members: list[Any], parse: Any = None) -> list[Any]:
+        """The hashes at ``members`` (physical keys), parsed, in one pipelined round trip."""
+        if not members:
+            return []
+        parse = parse or self._info
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            pipe.hgetall(member)
+        answers = pipe.execute()
+        items = (parse(_text(m), fields) for m, fields in zip(members, answers, strict=True))
+        return [item for item in items if item is not None]
+
+    def lock_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[LockInfo]:
+        return self._page(self.index_key(), "unique", self._info, offset=offset, limit=limit,
+                          task_name=task_name, search=search, min_score=int(now * 1000))
+
+    def debounce_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[DebounceState]:
+        return self._page(self.debounce_index_key(), "debounce", self._debounce_state,
+                          offset=offset, limit=limit, task_name=task_name, search=search,
+                          min_score=None)
+
+    def _page(self, index: str, kind: str, parse: Any, *, offset: int, limit: int,
+              task_name: str, search: str, min_score: int | None) -> Page[Any]:
+        """Without a filter: count and range of the index by score in one pipeline, then one
+        pipelined read of the page. With a job or a search: ZSCAN MATCH over the index
+        (server-side filtering, never KEYS), stopping as soon as the page is full.
+        ``min_score`` leaves out entries that expired (locks are scored by expiry)."""
+        low: Any = "-inf" if min_score is None else min_score
+        try:
+            if not task_name and not search:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.zcount(index, low, "+inf")
+                pipe.zrangebyscore(index, low, "+inf", start=offset, num=limit)
+                total, members = pipe.execute()
+                return Page(items=self._read(members, parse), total=int(total),
+                            has_more=offset + limit < int(total))
+            pattern = glob_escape(self.physical(f"{app_settings.KEY_PREFIX}:{kind}:"))
+            pattern += glob_escape(f"{task_name}:") if task_name else ""
+            pattern += f"*{glob_icase(search)}*" if search else "*"
+            matches: list[tuple[bytes, float]] = []
+            seen: set[bytes] = set()
+            cursor = 0
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, match=pattern,
+                                                    count=SCAN_COUNT)
+                for member, score in entries:
+                    if (min_score is None or score >= min_score) and member not in seen:
+                        seen.add(member)
+                        matches.append((member, score))
+                if cursor == 0 or len(matches) > offset + limit:
+                    break
+            page = sorted(matches[offset:offset + limit], key=lambda entry: entry[1])
+            items = self._read([member for member, _score in page], parse)
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+        return Page(items=items, total=len(matches) if cursor == 0 else None,
+                    has_more=len(matches) > offset + limit)
+
+    def release_queued(self, key: JobKey, owner: str) -> bool:
+        return bool(self._call("RELEASE_QUEUED", key, owner))
 
     def trim_index(self) -> int:
         """Drop index entries of locks that expired (their keys are gone already)."""
@@ -236,3 +316,16 @@ class RedisStore(BaseStore):
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob pattern (MATCH)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def glob_icase(text: str) -> str:
+    """``text`` as a case-insensitive Redis glob: letters become ``[aA]`` classes."""
+    return "".join(
+        f"[{c.lower()}{c.upper()}]" if c.isascii() and c.isalpha() else glob_escape(c)
+        for c in text
+    )

@@ -73,8 +73,8 @@ class PendingDebounce(models.Model):
 
     class Meta:
         app_label = "dedup_jobs"
-        verbose_name = "pending debounce"
-        verbose_name_plural = "pending debounces"
+        verbose_name = "debounced job"
+        verbose_name_plural = "debounced jobs"
         ordering = ("runs_at",)
 
     def __str__(self) -> str:

@@ -7,17 +7,28 @@ expired … RETURNING``); other backends (MySQL, MariaDB) lock the row in a tran
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import Q
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, BaseStore, LockInfo, Started
+from dedup_jobs.stores.base import (
+    QUEUED,
+    RUNNING,
+    Acquired,
+    BaseStore,
+    DebounceState,
+    LockInfo,
+    Page,
+    Started,
+)
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
-from dedup_jobs.stores.database.models import JobLock
+from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 
 UPSERT_VENDORS = ("postgresql", "sqlite")
 
@@ -241,7 +252,73 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
 
         return self._guard(read)  # type: ignore[no-any-return]
 
-    def iter_locks(self, *, batch_size: int = 500) -> Any:
-        rows = JobLock.objects.using(self.using).held().order_by("pk")
-        for row in rows.iterator(chunk_size=batch_size):
-            yield self._info(row)
+    def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
+        """Every held lock, by primary key, one query per batch (keyset pagination, so
+        callers may release as they go)."""
+        return self._iter_rows(expired=False, batch_size=batch_size)
+
+    def iter_expired(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
+        """Rows whose lock expired: free for the next acquire, left behind until then."""
+        return self._iter_rows(expired=True, batch_size=batch_size)
+
+    def _iter_rows(self, *, expired: bool, batch_size: int) -> Iterator[LockInfo]:
+        last = 0
+        while True:
+            def batch(after: int) -> list[JobLock]:
+                rows = JobLock.objects.using(self.using)
+                rows = rows.expired() if expired else rows.held()
+                return list(rows.filter(pk__gt=after).order_by("pk")[:batch_size])
+
+            found: list[JobLock] = self._guard(batch, last)
+            if not found:
+                return
+            last = found[-1].pk
+            yield from (self._info(row) for row in found)
+
+    def lock_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[LockInfo]:
+        """A count and a slice of the held rows (two indexed queries)."""
+        rows = JobLock.objects.using(self.using).held(clock.db_datetime(now))
+        return self._page(rows.order_by("expires_at", "pk"), self._info, offset=offset,
+                          limit=limit, task_name=task_name, search=search)
+
+    def debounce_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[DebounceState]:
+        rows = PendingDebounce.objects.using(self.using).pending(clock.to_datetime(now))
+        return self._page(rows.order_by("runs_at", "pk"), self._state, offset=offset,
+                          limit=limit, task_name=task_name, search=search)
+
+    def _page(self, rows: Any, parse: Any, *, offset: int, limit: int, task_name: str,
+              search: str) -> Page[Any]:
+        def read() -> Page[Any]:
+            narrowed = rows.filter(task_name=task_name) if task_name else rows
+            if search:
+                narrowed = narrowed.filter(
+                    Q(task_name__icontains=search) | Q(ident__icontains=search))
+            total = narrowed.count()
+            items = [parse(row) for row in narrowed[offset:offset + limit]]
+            return Page(items=items, total=total, has_more=offset + limit < total)
+
+        return self._guard(read)  # type: ignore[no-any-return]
+
+    def release_queued(self, key: JobKey, owner: str) -> bool:
+        """One raw compare-and-delete (see :meth:`_delete_mine`), also refusing a running row."""
+        return self._guard(  # type: ignore[no-any-return]
+            self._delete_mine_where, key, owner, "state <> %s", RUNNING)
+
+    def release_expired(self, key: JobKey, owner: str, *, now: float) -> bool:
+        """Delete the row at ``key`` if ``owner`` still has it and it is still expired."""
+        return self._guard(  # type: ignore[no-any-return]
+            self._delete_mine_where, key, owner, "expires_at <= %s", self._dt(now))
+
+    def _delete_mine_where(self, key: JobKey, owner: str, condition: str, value: Any) -> bool:
+        connection = connections[self.using]
+        table = connection.ops.quote_name(JobLock._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f'DELETE FROM {table} WHERE "key" = %s AND owner = %s AND {condition}',
+                [key.key, owner, value],
+            )
+            return bool(cursor.rowcount)

@@ -1,0 +1,227 @@
+"""Admin and clear_stale_locks at scale: prints a table (not a timed test).
+
+Fills a real Redis (database 3 of DEDUP_JOBS_TEST_REDIS, flushed first) with 100,000 held
+locks and 10,000 pending debounces through the store's own Lua scripts, then measures:
+
+- the first page of *Held locks* and *Debounced jobs* (Django test client, full admin view and
+  template; the first request of the process apart, as it compiles templates),
+- searches (a rare id: the ZSCAN MATCH walks the whole index; a common word: it stops after
+  one page) and the job filter,
+- ``clear_stale_locks --dry-run`` over the 100,000 locks (owner states read from the real
+  result backend, one MGET per 500), with its peak Python memory (tracemalloc) measured at
+  10,000 and at 100,000 locks: bounded memory means both peaks are about the same.
+
+Run:
+    DEDUP_JOBS_TEST_REDIS=redis://127.0.0.1:6379 DEDUP_JOBS_TEST_QUEUE=bench \\
+        uv run python benchmarks/admin_scale.py [--locks 100000] [--debounces 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+from tests import settings as test_settings  # noqa: E402
+
+BENCH_DB = 3
+test_settings.CACHES["redis"]["LOCATION"] = f"{test_settings.REDIS_URL}/{BENCH_DB}"
+test_settings.DATABASES["default"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.contrib.auth.models import User  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.test import Client  # noqa: E402
+
+from dedup_jobs import clock  # noqa: E402
+from dedup_jobs.keys import build_key  # noqa: E402
+from dedup_jobs.stores import get_store  # noqa: E402
+from dedup_jobs.stores.base import encode_call  # noqa: E402
+from tests import jobs, jobs_debounce  # noqa: E402,F401 - registers the test jobs
+
+TASKS = [f"shop.job_{n:02d}" for n in range(19)] + ["tests.unique_sleep"]
+PIPELINE = 2000
+
+
+def fill_locks(count: int) -> None:
+    store: Any = get_store("redis")
+    script = store._script("ACQUIRE")
+    index = store.index_key()
+    now = clock.now()
+    pipe = store.client.pipeline(transaction=False)
+    for i in range(count):
+        key = build_key("unique", TASKS[i % len(TASKS)], f"item={i}")
+        script(
+            keys=[store.physical(key.key), index],
+            args=[str(uuid.uuid4()), 3_600_000, int(now * 1000), "0", key.task_name, key.ident],
+            client=pipe,
+        )
+        if i % PIPELINE == PIPELINE - 1:
+            pipe.execute()
+    pipe.execute()
+
+
+def fill_debounces(count: int) -> None:
+    store: Any = get_store("redis")
+    script = store._script("DEBOUNCE")
+    now = clock.now()
+    pipe = store.client.pipeline(transaction=False)
+    for i in range(count):
+        key = build_key("debounce", "tests.debounce_record", f"item={i}")
+        payload = encode_call((i, "<script>x</script>"), {})
+        script(
+            keys=store._debounce_keys(key),
+            args=[
+                str(uuid.uuid4()),
+                payload,
+                int(now * 1000),
+                3_600_000,
+                7_200_000,
+                3_600_000,
+                key.task_name,
+                key.ident,
+            ],
+            client=pipe,
+        )
+        if i % PIPELINE == PIPELINE - 1:
+            pipe.execute()
+    pipe.execute()
+
+
+def timed(client: Client, url: str, repeat: int = 5) -> tuple[float, float, int]:
+    """(first, median of the next ``repeat``) seconds, and the response size."""
+    start = time.perf_counter()
+    response = client.get(url)
+    first = time.perf_counter() - start
+    assert response.status_code == 200, (url, response.status_code)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        client.get(url)
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times), len(response.content)
+
+
+class Null(io.TextIOBase):
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+def command(*args: str, trace: bool) -> tuple[float, float, str]:
+    """(seconds, peak MiB under tracemalloc or 0, last line) of clear_stale_locks."""
+    out = io.StringIO() if not trace else Null()
+    if trace:
+        tracemalloc.start()
+    start = time.perf_counter()
+    call_command("clear_stale_locks", *args, "--store", "redis", "--dry-run", stdout=out)
+    seconds = time.perf_counter() - start
+    peak = 0.0
+    if trace:
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    lines = out.getvalue().strip().splitlines() if isinstance(out, io.StringIO) else [""]
+    return seconds, peak, lines[-1] if lines else ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--locks", type=int, default=100_000)
+    parser.add_argument("--debounces", type=int, default=10_000)
+    options = parser.parse_args()
+    store: Any = get_store("redis")
+    store.client.flushdb()
+    call_command("migrate", verbosity=0)
+    User.objects.create_superuser("bench", password="bench")
+    client = Client()
+    client.force_login(User.objects.get(username="bench"))
+    rows: list[tuple[str, str, str]] = []
+
+    # memory at 10% of the locks first, to compare peaks
+    small = options.locks // 10
+    fill_locks(small)
+    seconds, peak_small, _ = command(trace=True)
+    rows.append(
+        (
+            f"clear_stale_locks --dry-run, {small:,} locks",
+            f"{seconds:.2f} s (traced)",
+            f"peak {peak_small:.1f} MiB",
+        )
+    )
+    store.client.flushdb()
+    start = time.perf_counter()
+    fill_locks(options.locks)
+    fill_debounces(options.debounces)
+    fill_seconds = time.perf_counter() - start
+    index_size = store.client.zcard(store.index_key())
+    pending = store.client.zcard(store.debounce_index_key())
+
+    locks = "/admin/dedup_jobs/joblock/"
+    debounces = "/admin/dedup_jobs/pendingdebounce/"
+    pages = [
+        ("Held locks, first page", locks),
+        ("Held locks, page 500", locks + "?p=500"),
+        ("Held locks, search rare id 'item=99999'", locks + "?q=item%3D99999"),
+        ("Held locks, search common 'unique_sleep'", locks + "?q=unique_sleep"),
+        ("Held locks, search no match 'nothing-here'", locks + "?q=nothing-here"),
+        ("Held locks, filter job=tests.unique_sleep", locks + "?job=tests.unique_sleep"),
+        ("Debounced jobs, first page", debounces),
+        ("Debounced jobs, search 'item=9999'", debounces + "?q=item%3D9999"),
+        ("Job classes", "/admin/dedup_jobs/jobclass/"),
+    ]
+    client.get("/admin/dedup_jobs/jobclass/")  # compile the shared templates once
+    for label, url in pages:
+        first, warm, _size = timed(client, url)
+        rows.append((label, f"{first * 1000:.0f} ms first", f"{warm * 1000:.0f} ms median"))
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    seconds, _, summary = command(trace=False)
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rows.append(
+        (
+            f"clear_stale_locks --dry-run, {options.locks:,} locks",
+            f"{seconds:.2f} s",
+            f"max RSS {rss_before:.0f} -> {rss_after:.0f} MiB",
+        )
+    )
+    seconds, peak, _ = command(trace=True)
+    rows.append(
+        (
+            f"clear_stale_locks --dry-run, {options.locks:,} locks",
+            f"{seconds:.2f} s (traced)",
+            f"peak {peak:.1f} MiB",
+        )
+    )
+    seconds, _, _ = command("--all", trace=False)
+    rows.append((f"clear_stale_locks --all --dry-run, {options.locks:,}", f"{seconds:.2f} s", ""))
+
+    print(
+        f"\nRedis {store.client.connection_pool.connection_kwargs.get('port')} db {BENCH_DB}: "
+        f"{index_size:,} held locks in the index, {pending:,} pending debounces "
+        f"(filled in {fill_seconds:.1f} s)"
+    )
+    print(f"command summary: {summary}\n")
+    width = max(len(r[0]) for r in rows)
+    print(f"{'measure':<{width}}  {'time':<22}  other")
+    print(f"{'-' * width}  {'-' * 22}  {'-' * 28}")
+    for label, a, b in rows:
+        print(f"{label:<{width}}  {a:<22}  {b}")
+    store.client.flushdb()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+"""The app's admin section: *Held locks*, *Debounced jobs*, *Job classes* (docs/admin.md)."""
+
+from django.contrib import admin
+
+from dedup_jobs.admin.debounces import PendingDebounceAdmin
+from dedup_jobs.admin.job_classes import JobClassAdmin
+from dedup_jobs.admin.locks import JobLockAdmin
+from dedup_jobs.models import JobClass, JobLock, PendingDebounce
+
+admin.site.register(JobLock, JobLockAdmin)
+admin.site.register(PendingDebounce, PendingDebounceAdmin)
+admin.site.register(JobClass, JobClassAdmin)

@@ -1,0 +1,70 @@
+"""*Job classes*: every dedup job registered with the Celery app, with its settings."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+
+from dedup_jobs.admin.common import PageAdmin, duration
+from dedup_jobs.conf import app_settings
+from dedup_jobs.jobs import registry
+from dedup_jobs.jobs.base import DedupJob
+
+
+def key_fields(job: DedupJob) -> str:
+    """What forms the job's key: its id hook, its ``*_on`` names, or all of run's arguments."""
+    if getattr(job, job._id_hook, None) is not None:
+        return f"{job._id_hook}()"
+    fields = getattr(job, job._key_fields_option, None)
+    if fields:
+        return ", ".join(fields)
+    try:
+        names = [p.name for p in inspect.signature(job.run).parameters.values()]
+    except (TypeError, ValueError):
+        return "all arguments"
+    return f"all arguments ({', '.join(names)})" if names else "no arguments (one key)"
+
+
+def _seconds(value: Any, default: float | None = None) -> str:
+    """A job option in seconds as written ("0.5 s", "90 s"), whole minutes and hours
+    shortened ("10 min", "1 h")."""
+    if value is None:
+        return "" if default is None else f"{_seconds(default)} (default)"
+    seconds = float(value)
+    return duration(seconds) if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+
+
+def describe(job: DedupJob) -> dict[str, Any]:
+    try:
+        store = job.store_alias()
+    except Exception as exc:  # a via() method that fails: show why instead of failing
+        store = f"error: {exc}"
+    unique = job.dedup_kind == "unique"
+    return {
+        "name": job.name,
+        "kind": registry.kind_label(job),
+        "store": store,
+        "unique_for": _seconds(getattr(job, "unique_for", None), app_settings.DEFAULT_UNIQUE_FOR)
+        if unique
+        else "",
+        "debounce_for": "" if unique else _seconds(getattr(job, "debounce_for", None)),
+        "max_wait": "" if unique else _seconds(getattr(job, "max_wait", None)),
+        "key_fields": key_fields(job),
+        "on_duplicate": getattr(job, "on_duplicate", "") if unique else "",
+        "path": f"{type(job).__module__}.{type(job).__qualname__}",
+    }
+
+
+class JobClassAdmin(PageAdmin):
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        rows = [describe(job) for job in registry.dedup_jobs()]
+        context = self.page_context(request, "Job classes", rows=rows, **(extra_context or {}))
+        return TemplateResponse(request, "admin/dedup_jobs/job_classes.html", context)

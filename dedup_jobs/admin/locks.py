@@ -1,0 +1,225 @@
+"""*Held locks*: the locks of one store, searchable, filterable by job, paginated, with the
+*Release selected locks* action (POST, CSRF, a confirmation page, its own permission)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.utils.translation import ngettext
+
+from dedup_jobs import clock
+from dedup_jobs.admin.common import (
+    PageAdmin,
+    chosen_store,
+    duration,
+    listed_jobs,
+    listing,
+    query,
+    when,
+)
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.jobs import registry
+from dedup_jobs.jobs.base import DedupJob
+from dedup_jobs.keys import JobKey
+from dedup_jobs.signals import lock_released
+from dedup_jobs.stores.base import RUNNING, BaseStore, LockInfo
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selected:
+    """A lock ticked on the page: released only if ``owner`` still holds ``key``."""
+
+    key: str
+    owner: str
+    task_name: str
+    ident: str
+
+    @classmethod
+    def of(cls, lock: LockInfo) -> Selected:
+        return cls(key=lock.key, owner=lock.owner, task_name=lock.task_name, ident=lock.ident)
+
+    @classmethod
+    def parse(cls, value: str) -> Selected | None:
+        try:
+            key, owner, task_name, ident = json.loads(value)
+        except (TypeError, ValueError):
+            return None
+        if not all(isinstance(v, str) for v in (key, owner, task_name, ident)) or not owner:
+            return None
+        return cls(key=key, owner=owner, task_name=task_name, ident=ident)
+
+    @property
+    def value(self) -> str:
+        return json.dumps([self.key, self.owner, self.task_name, self.ident])
+
+    @property
+    def job_key(self) -> JobKey:
+        return JobKey(key=self.key, task_name=self.task_name, ident=self.ident)
+
+
+def _row(lock: LockInfo, now: float) -> dict[str, Any]:
+    return {
+        "lock": lock,
+        "value": Selected.of(lock).value,
+        "acquired": when(lock.acquired_at),
+        "expires": when(lock.expires_at),
+        "expires_in": duration(None if lock.expires_at is None else lock.expires_at - now),
+    }
+
+
+class JobLockAdmin(PageAdmin):
+    actions = ["release_selected"]
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("dedup_jobs.release_joblock"))
+
+    @admin.action(description="Release selected locks", permissions=["release"])
+    def release_selected(self, request: HttpRequest, selected: Any) -> HttpResponse | None:
+        """Confirm first; on ``post=yes`` compare-and-delete each lock by its owner token
+        and send ``lock_released`` (reason "admin") for each one actually released."""
+        store: BaseStore = selected.store
+        if request.POST.get("post") != "yes":
+            return self._confirmation(request, selected)
+        released = gone = 0
+        for item in selected.items:
+            if store.release(item.job_key, item.owner):
+                released += 1
+                job = registry.job_named(item.task_name)
+                lock_released.send(
+                    sender=type(job) if job is not None else DedupJob,
+                    key=item.key,
+                    owner=item.owner,
+                    store=store.alias,
+                    reason="admin",
+                )
+            else:
+                gone += 1
+        if released:
+            self.message_user(
+                request,
+                ngettext("Released %(count)d lock.", "Released %(count)d locks.", released)
+                % {"count": released},
+                messages.SUCCESS,
+            )
+        if gone:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d lock was not released: it is gone or now held by another task.",
+                    "%(count)d locks were not released: they are gone or now held by another task.",
+                    gone,
+                )
+                % {"count": gone},
+                messages.WARNING,
+            )
+        return None
+
+    def _confirmation(self, request: HttpRequest, selected: Any) -> TemplateResponse:
+        store: BaseStore = selected.store
+        now = clock.now()
+        rows = []
+        for item in selected.items:
+            current = store.get(item.job_key)
+            status = "held" if current is not None and current.owner == item.owner else "gone"
+            rows.append(
+                {
+                    "item": item,
+                    "current": current,
+                    "status": status,
+                    "running": status == "held"
+                    and current is not None
+                    and current.state == RUNNING,
+                    "expires_in": duration(current.expires_at - now)
+                    if current is not None and current.expires_at
+                    else "",
+                }
+            )
+        context = self.page_context(
+            request,
+            "Release selected locks?",
+            rows=rows,
+            store_alias=store.alias,
+            action=request.POST.get("action", ""),
+            back=query(request),
+            action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+        )
+        return TemplateResponse(request, "admin/dedup_jobs/release_confirmation.html", context)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        jobs, aliases = listed_jobs()
+        choice = chosen_store(request, aliases)
+        if request.method == "POST":
+            return self._post(request, choice.store)
+        page, now, shared = listing(
+            request,
+            kind="unique",
+            jobs=jobs,
+            aliases=aliases,
+            choice=choice,
+            read="lock_page",
+        )
+        actions = self.get_action_choices(request) if page is not None else []
+        context = self.page_context(
+            request,
+            "Held locks",
+            rows=[_row(lock, now) for lock in page.items] if page else [],
+            action_choices=actions if len(actions) > 1 else [],
+            action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
+            **shared,
+            **(extra_context or {}),
+        )
+        return TemplateResponse(request, "admin/dedup_jobs/held_locks.html", context)
+
+    def _post(self, request: HttpRequest, store: BaseStore | None) -> HttpResponse:
+        """The action form (CSRF-checked by the middleware): run the chosen action."""
+        back = HttpResponseRedirect(request.get_full_path())
+        actions = self.get_actions(request)
+        name = request.POST.get("action", "")
+        if name not in actions:
+            if name:
+                raise PermissionDenied
+            self.message_user(request, "No action selected.", messages.WARNING)
+            return back
+        items = [
+            s
+            for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            if (s := Selected.parse(v)) is not None
+        ]
+        if not items:
+            self.message_user(
+                request,
+                "Items must be selected in order to perform actions "
+                "on them. No items have been changed.",
+                messages.WARNING,
+            )
+            return back
+        if store is None or not store.can_list:
+            raise PermissionDenied
+        func: Any = actions[name][0]  # type: ignore[index]
+        try:
+            response: HttpResponse | None = func(
+                self, request, _Selection(store=store, items=items)
+            )
+        except StoreUnavailable as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            return back
+        return response or back
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Selection:
+    """What the action receives instead of a queryset: the store and the ticked locks."""
+
+    store: BaseStore
+    items: list[Selected]

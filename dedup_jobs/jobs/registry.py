@@ -1,0 +1,75 @@
+"""The dedup jobs a process knows: every DedupJob registered with the current Celery app.
+
+The admin and ``clear_stale_locks`` run in web/management processes, where Celery has not
+imported the projects' task modules yet: the first call imports them (``autodiscover_tasks``
+and ``imports``), as a worker does at start-up.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery import current_app
+
+from dedup_jobs.conf import app_settings
+from dedup_jobs.jobs.base import DedupJob
+
+_imported: set[int] = set()
+_lock = threading.Lock()
+
+
+def celery_app() -> Any:
+    """The project's Celery app. ``current_app`` is per thread: in a thread that never set
+    it (a web server's worker thread) it is Celery's unconfigured fallback, so take the
+    first app the project created instead."""
+    from celery import _state
+
+    state: Any = _state  # private in celery-types; stable since Celery 3
+    mine = state._tls.current_app
+    if mine is not None:
+        return mine
+    fallback = state.default_app
+    apps = [app for app in state._get_active_apps() if app is not fallback]
+    return apps[0] if apps else current_app._get_current_object()  # type: ignore[attr-defined]
+
+
+def dedup_jobs() -> list[DedupJob]:
+    """Every registered dedup job, sorted by name."""
+    app = celery_app()
+    if id(app) not in _imported:
+        with _lock:
+            if id(app) not in _imported:
+                app.loader.import_default_modules()
+                _imported.add(id(app))
+    tasks = list(app.tasks.values())
+    return sorted((t for t in tasks if isinstance(t, DedupJob)), key=lambda t: str(t.name))
+
+
+def job_named(name: str) -> DedupJob | None:
+    return next((job for job in dedup_jobs() if job.name == name), None)
+
+
+def kind_label(job: DedupJob) -> str:
+    """The job's base class as the user wrote it: UniqueJob, UniqueUntilProcessingJob, ..."""
+    from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
+
+    bases: tuple[type[DedupJob], ...] = (UniqueUntilProcessingJob, UniqueJob, DebouncedJob)
+    for base in bases:
+        if isinstance(job, base):
+            return str(base.__name__)
+    return str(type(job).__qualname__)
+
+
+def store_aliases(jobs: list[DedupJob]) -> list[str]:
+    """The default store, every store a registered job uses, and the database store."""
+    from dedup_jobs.stores import DATABASE
+
+    aliases = [app_settings.STORE]
+    for job in jobs:
+        try:
+            aliases.append(job.store_alias())
+        except Exception:  # a failing via() is reported by the system checks
+            continue
+    aliases.append(DATABASE)
+    return list(dict.fromkeys(aliases))

@@ -1,0 +1,259 @@
+"""``manage.py clear_stale_locks``: remove held locks nobody will release (SPEC A2)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from dedup_jobs import clock
+from dedup_jobs.exceptions import DedupError, StoreUnavailable
+from dedup_jobs.jobs import registry
+from dedup_jobs.jobs.base import DedupJob
+from dedup_jobs.signals import lock_released
+from dedup_jobs.stale import BackendUnavailable, OwnerStates, Presence
+from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import RUNNING, BaseStore, LockInfo
+
+BATCH = 500
+PROGRESS_EVERY = 10_000
+
+
+def positive_seconds(value: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a number of seconds above 0")
+    return seconds
+
+
+def batched(locks: Iterator[LockInfo], size: int) -> Iterator[list[LockInfo]]:
+    while batch := list(itertools.islice(locks, size)):
+        yield batch
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove stale dedup_jobs locks: locks whose owner task finished (result backend), "
+        "expired rows of the database store, and with --older-than locks older than that whose "
+        "owner no worker reports and no queue holds. Never removes the lock of a running job."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--dry-run", action="store_true", help="List what would be removed; remove nothing."
+        )
+        parser.add_argument(
+            "--job", metavar="NAME", help="Only locks of this job (its Celery task name)."
+        )
+        parser.add_argument(
+            "--store",
+            metavar="ALIAS",
+            help="Only this store (a CACHES alias or 'database'); default: "
+            "every store the registered jobs use.",
+        )
+        parser.add_argument(
+            "--older-than",
+            metavar="SECONDS",
+            type=positive_seconds,
+            help="Also remove locks older than this whose owner task no worker "
+            "reports (inspect) and no broker queue holds.",
+        )
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            dest="remove_all",
+            help="Remove every queued lock (never a running job's); needs --yes.",
+        )
+        parser.add_argument("--yes", action="store_true", help="Confirm --all.")
+        parser.add_argument(
+            "--inspect-timeout",
+            metavar="SECONDS",
+            type=positive_seconds,
+            default=1.0,
+            help="Seconds to wait for workers' inspect replies.",
+        )
+
+    def handle(
+        self,
+        *args: Any,
+        dry_run: bool,
+        job: str | None,
+        store: str | None,
+        older_than: float | None,
+        remove_all: bool,
+        yes: bool,
+        inspect_timeout: float,
+        verbosity: int,
+        **options: Any,
+    ) -> None:
+        if remove_all and not (yes or dry_run):
+            raise CommandError(
+                "--all removes every lock that is not held by a running job; "
+                "add --yes to confirm (or --dry-run to see them first)."
+            )
+        if yes and not remove_all:
+            raise CommandError("--yes only confirms --all; drop it or add --all.")
+        jobs = registry.dedup_jobs()
+        if job is not None and job not in {j.name for j in jobs}:
+            names = ", ".join(j.name for j in jobs) or "none registered"
+            raise CommandError(f"--job {job!r} is not a registered dedup job (known: {names}).")
+        self.dry_run, self.job, self.verbosity = dry_run, job, verbosity
+        self.older_than, self.remove_all = older_than, remove_all
+        self.senders = {j.name: type(j) for j in jobs}
+        self.owner_states = OwnerStates(registry.celery_app())
+        self.presence = Presence(registry.celery_app(), timeout=inspect_timeout)
+        self.totals: Counter[str] = Counter()
+        aliases = [store] if store else registry.store_aliases(jobs)
+        for alias in aliases:
+            self._store(alias, explicit=store is not None)
+        self._summary()
+
+    # -- per store ----------------------------------------------------------------------
+
+    def _store(self, alias: str, *, explicit: bool) -> None:
+        try:
+            target = get_store(alias)
+        except DedupError as exc:
+            raise CommandError(f"--store {alias!r}: {exc}") from exc
+        if not target.can_list:
+            if explicit:
+                raise CommandError(
+                    f"store {alias!r} cannot be cleared: {target.cannot_list_reason}"
+                )
+            self.totals["stores skipped"] += 1
+            self._say(f"store {alias!r} skipped: {target.cannot_list_reason}")
+            return
+        try:
+            self._expired_rows(target)
+            scanned = 0
+            for batch in batched(target.iter_locks(batch_size=BATCH), BATCH):
+                self._batch(target, batch)
+                before, scanned = scanned, scanned + len(batch)
+                if scanned // PROGRESS_EVERY > before // PROGRESS_EVERY:
+                    self._say(f"… {scanned} locks scanned in store {alias!r}")
+        except StoreUnavailable as exc:
+            raise CommandError(str(exc)) from exc
+        except BackendUnavailable as exc:
+            raise CommandError(
+                f"the Celery result backend could not be read ({exc}); nothing more was removed."
+            ) from exc
+        trim = getattr(target, "trim_index", None)
+        if trim is not None and not self.dry_run:
+            trim()
+
+    def _expired_rows(self, target: BaseStore) -> None:
+        """The database store leaves expired rows behind: remove them (still expired)."""
+        iter_expired = getattr(target, "iter_expired", None)
+        if iter_expired is None:
+            return
+        for lock in iter_expired(batch_size=BATCH):
+            if self.job is None or lock.task_name == self.job:
+                self._remove(target, lock, "expired row", expired=True)
+
+    def _batch(self, target: BaseStore, batch: list[LockInfo]) -> None:
+        locks = [lock for lock in batch if self.job is None or lock.task_name == self.job]
+        self.totals["scanned"] += len(locks)
+        queued = [lock for lock in locks if lock.state != RUNNING]
+        self.totals["kept: running"] += len(locks) - len(queued)
+        if self.remove_all:
+            for lock in queued:
+                self._remove(target, lock, "--all")
+            return
+        finished = self.owner_states.finished([lock.owner for lock in queued])
+        old: list[LockInfo] = []
+        for lock in queued:
+            if lock.owner in finished:
+                self._remove(target, lock, f"owner task finished ({finished[lock.owner]})")
+            elif self.older_than and lock.acquired_at < clock.now() - self.older_than:
+                old.append(lock)
+            else:
+                self.totals["kept: owner pending"] += 1
+        if old:
+            gone, seen = self.presence.unseen(lock.owner for lock in old)
+            for lock in old:
+                if lock.owner in gone:
+                    self._remove(
+                        target,
+                        lock,
+                        f"older than {self.older_than:g} s, owner not on any worker or queue",
+                    )
+            self.totals["kept: owner on a worker or queue"] += len(
+                [lock for lock in old if lock.owner in seen]
+            )
+
+    # -- output -------------------------------------------------------------------------
+
+    def _remove(
+        self, target: BaseStore, lock: LockInfo, reason: str, *, expired: bool = False
+    ) -> None:
+        label = f"{lock.task_name}[{lock.ident}] in {target.alias!r}, owner {lock.owner}"
+        if self.dry_run:
+            self.totals["would remove"] += 1
+            self._say(f"would remove {label}: {reason}", level=2)
+            return
+        key = _key(lock)
+        if expired:
+            removed = target.release_expired(key, lock.owner, now=clock.now())  # type: ignore[attr-defined]
+        else:
+            removed = target.release_queued(key, lock.owner)
+        if not removed:
+            self.totals["kept: changed meanwhile"] += 1
+            self._say(
+                f"kept {label}: it changed meanwhile (released, re-taken or started)", level=2
+            )
+            return
+        self.totals["removed"] += 1
+        lock_released.send(
+            sender=self.senders.get(lock.task_name, DedupJob),
+            key=lock.key,
+            owner=lock.owner,
+            store=target.alias,
+            reason="command",
+        )
+        self._say(f"removed {label}: {reason}", level=2)
+
+    def _say(self, text: str, *, level: int = 1) -> None:
+        if self.verbosity >= level:
+            self.stdout.write(text)
+
+    def _summary(self) -> None:
+        for note in self.presence.notes:
+            self.stdout.write(self.style.WARNING(note))
+        if not self.owner_states.enabled:
+            self.stdout.write(
+                self.style.WARNING(
+                    "the Celery result backend is disabled: finished owners cannot be detected "
+                    "(use --older-than)."
+                )
+            )
+        done = (
+            f"would remove {self.totals['would remove']}"
+            if self.dry_run
+            else f"removed {self.totals['removed']}"
+        )
+        kept = ", ".join(
+            f"{name.removeprefix('kept: ')} {count}"
+            for name, count in sorted(self.totals.items())
+            if name.startswith("kept: ") and count
+        )
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"{self.totals['scanned']} held locks scanned: {done}"
+                + (f"; kept {kept}" if kept else "")
+                + "."
+            )
+        )
+
+
+def _key(lock: LockInfo) -> Any:
+    from dedup_jobs.keys import JobKey
+
+    return JobKey(key=lock.key, task_name=lock.task_name, ident=lock.ident)

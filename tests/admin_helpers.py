@@ -1,0 +1,71 @@
+"""Users and locks for the admin tests (shared by the client and browser tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Permission, User
+from django.test import override_settings
+
+from dedup_jobs import clock
+from dedup_jobs.keys import build_key
+from dedup_jobs.stores import get_store
+
+PASSWORD = "pw-ops-tests"
+
+
+def make_user(username: str, *perms: str, staff: bool = True) -> User:
+    """A user with the given ``dedup_jobs`` permission codenames (e.g. "view_joblock")."""
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=staff)
+    for codename in perms:
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label="dedup_jobs", codename=codename)
+        )
+    return user
+
+
+def fill(
+    alias: str, count: int, *, task: str = "tests.unique_sleep", ttl: float = 600
+) -> list[Any]:
+    """``count`` queued locks taken directly in the store (owner "owner-<i>")."""
+    store = get_store(alias)
+    keys = []
+    now = clock.now()
+    for i in range(count):
+        key = build_key("unique", task, f"item={i}")
+        assert store.acquire(key, f"owner-{i}", ttl, now=now).acquired
+        keys.append(key)
+    return keys
+
+
+def unreachable_redis() -> dict[str, Any]:
+    """CACHES with the "redis" alias pointing at a port where nothing listens."""
+    dead = {"LOCATION": "redis://127.0.0.1:1/0", "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5}}
+    return {**settings.CACHES, "redis": {**settings.CACHES["redis"], **dead}}
+
+
+TX = pytest.mark.django_db(transaction=True)
+TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("redis", marks=[pytest.mark.redis, TX], id="django-redis"),
+        pytest.param("database", marks=TX, id="database-sqlite"),
+        pytest.param(
+            "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
+        ),
+    ]
+)
+def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The stores that can list: django-redis (its index) and the database store (SQLite and
+    PostgreSQL); yields the store alias."""
+    alias = "database" if request.param.startswith("database") else request.param
+    using = "postgres" if request.param == "database-postgres" else "default"
+    with override_settings(
+        DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias, "DATABASE_ALIAS": using}
+    ):
+        yield alias
