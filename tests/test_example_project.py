@@ -68,8 +68,10 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     """U1, U2, U3, U4, P1: on a fresh clone's defaults (SQLite, database store, in-memory
     broker, in-process worker, no Redis) the demo migrates its own database, and 8 threads x
     25 dispatches of one key publish 1 message that runs once and releases its lock; the
-    until-processing job dedups while queued and publishes a dispatch made while it runs. The
-    printed figures agree with the database the demo wrote."""
+    until-processing job dedups while queued and publishes a dispatch made while it runs.
+    D1, D3, D4, D6: 20 debounced dispatches run once, with the last one's arguments, every
+    AsyncResult resolving to that run, with a bounded handful of messages. The printed
+    figures agree with the database the demo wrote."""
     db = tmp_path / "demo.sqlite3"
     result = manage("demo", db=db)
     assert_ok(result)
@@ -88,10 +90,18 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert len(re.findall(r"released \(processing\)", until)) == 2, out
     assert "Done in" in out
 
+    debounce = part(out, 3)
+    assert "dispatched 20, superseded 19, messages published" in debounce, out
+    assert "ran 1, with the last arguments (edit=20)" in debounce, out
+    published = int(re.search(r"messages published (\d+)", debounce).group(1))  # type: ignore[union-attr]
+    assert 1 <= published <= 3, out
+    assert "all 20 dispatches' AsyncResults resolved to the one run" in debounce, out
+
     # Independent of the printout: what the jobs wrote, and no lock left behind.
     assert query(db, "SELECT index_runs FROM shop_product WHERE id = 42") == [(1,)]
     assert query(db, "SELECT confirmations_sent FROM shop_order WHERE id = 7") == [(2,)]
     assert query(db, "SELECT count(*) FROM dedup_jobs_joblock") == [(0,)]
+    assert query(db, "SELECT rebuilds, last_edit FROM shop_productfeed") == [(1, 20)]
 
 
 def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
@@ -105,6 +115,7 @@ def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
     assert "left by an earlier run" not in result.stdout
     assert query(db, "SELECT index_runs FROM shop_product WHERE id = 42") == [(2,)]
     assert query(db, "SELECT confirmations_sent FROM shop_order WHERE id = 7") == [(4,)]
+    assert query(db, "SELECT rebuilds, last_edit FROM shop_productfeed") == [(2, 20)]
 
 
 @pytest.mark.redis

@@ -14,10 +14,11 @@ from typing import Any
 
 from celery.signals import after_task_publish, task_postrun, task_prerun
 
-from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
+from dedup_jobs.signals import job_debounced, lock_acquired, lock_released, unique_job_skipped
 
 ACQUIRED = "lock acquired"
 SKIPPED = "deduplicated"
+SUPERSEDED = "superseded"
 RELEASED = "lock released"
 PUBLISHED = "published"
 STARTED = "worker started"
@@ -29,7 +30,9 @@ class Event:
     at: float  # time.monotonic()
     kind: str
     task_name: str
-    task_id: str  # the task the event is about (for SKIPPED: the holder it was merged into)
+    # the task the event is about (SKIPPED: the holder it was merged into; SUPERSEDED: the
+    # dispatch that was superseded)
+    task_id: str
     detail: str = ""
 
 
@@ -59,6 +62,9 @@ class Timeline:
     def _on_skipped(self, sender: Any, holder_id: str, stage: str, **kwargs: Any) -> None:
         self._add(SKIPPED, sender.name, holder_id, stage)
 
+    def _on_debounced(self, sender: Any, superseded_id: str, by_id: str, **kwargs: Any) -> None:
+        self._add(SUPERSEDED, sender.name, superseded_id, by_id)
+
     def _on_released(self, sender: Any, owner: str, reason: str, **kwargs: Any) -> None:
         self._add(RELEASED, sender.name, owner, reason)
 
@@ -77,6 +83,7 @@ class Timeline:
     _SIGNALS = (
         (lock_acquired, "_on_acquired"),
         (unique_job_skipped, "_on_skipped"),
+        (job_debounced, "_on_debounced"),
         (lock_released, "_on_released"),
         (after_task_publish, "_on_published"),
         (task_prerun, "_on_prerun"),
@@ -177,15 +184,48 @@ def render(events: list[Event], t0: float, *, burst: tuple[float, int] | None = 
         lines.append((first.at, text))
         pending.clear()
 
+    superseded: list[Event] = []
+    published: set[str] = set()
+
+    def flush_superseded() -> None:
+        if not superseded:
+            return
+        first, last = superseded[0], superseded[-1]
+        span = f"+{first.at - t0:.3f}s"
+        if len(superseded) > 1:
+            span += f"..+{last.at - t0:.3f}s"
+        noun = "dispatch" if len(superseded) == 1 else "dispatches"
+        text = (
+            f"{span}  {len(superseded)} {noun} superseded by the next one (job_debounced); "
+            f"nothing published"
+        )
+        lines.append((first.at, text))
+        superseded.clear()
+
     for event in events:
         if event.kind == SKIPPED:
             if pending and pending[-1].task_id != event.task_id:
                 flush()
             pending.append(event)
             continue
+        if event.kind == SUPERSEDED:
+            superseded.append(event)
+            continue
         flush()
-        lines.append((event.at, f"+{event.at - t0:.3f}s  {describe(event)}"))
+        flush_superseded()
+        if event.kind == FINISHED and event.detail.startswith("IGNORED"):
+            continue  # a debounce message that re-published itself: shown by its publish
+        text = describe(event)
+        if event.kind == PUBLISHED:
+            if event.task_id in published:
+                text = (
+                    f"task {short(event.task_id)} not due yet (later dispatches moved the "
+                    f"burst): the worker re-published it for when it is"
+                )
+            published.add(event.task_id)
+        lines.append((event.at, f"+{event.at - t0:.3f}s  {text}"))
     flush()
+    flush_superseded()
     if burst is not None:
         end, total = burst
         lines.append((end, f"+{end - t0:.3f}s  burst over: {total} dispatches in {end - t0:.3f}s"))

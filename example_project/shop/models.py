@@ -52,3 +52,16 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return self.number
+
+
+class ProductFeed(models.Model):
+    """The product feed of one category, as shopping sites fetch it."""
+
+    category = models.CharField(max_length=64, unique=True)
+    # Written by the rebuild_product_feed job.
+    rebuilt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    rebuilds = models.PositiveIntegerField(default=0, editable=False)
+    last_edit = models.PositiveIntegerField(default=0, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.category} feed"

@@ -8,6 +8,9 @@
 - ``send_order_confirmation``: ``UniqueUntilProcessingJob``. Double clicks while the email
   is queued collapse into one; once the worker has started on it, a new request (say the
   customer changed the order) is queued again rather than lost.
+- ``rebuild_product_feed``: ``DebouncedJob``. Every product edit asks for its category's
+  feed to be rebuilt; only the last request of a burst runs, a second after the edits stop
+  (and within 5 seconds of the first, however long the editing goes on).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from django.core.mail import send_mail
 from django.db.models import F
 from django.utils import timezone
 
-from dedup_jobs import UniqueJob, UniqueUntilProcessingJob
+from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
 from example_project.celery import app
-from example_project.shop.models import Invoice, Order, Product
+from example_project.shop.models import Invoice, Order, Product, ProductFeed
 
 #: Stand-ins for the slow part of each job: a search engine call, an SMTP round trip.
 INDEXING_SECONDS = 1.0
@@ -80,11 +83,12 @@ def send_order_confirmation(order_id: int) -> str:
     return f"confirmation sent for order #{order_id}"
 
 
-# --- DebouncedJob: NOT BUILT YET --------------------------------------------------------
-# DebouncedJob arrives with the debounce issue (#4). When it lands, add here:
-#
-#     @shared_task(base=DebouncedJob, debounce_for=2, max_wait=10)
-#     def rebuild_product_feed(category: str, requested_by: str = "") -> str:
-#         """Regenerate the product feed once a burst of product edits has settled."""
-#
-# and the matching section of the demo command (management/commands/demo.py).
+@shared_task(base=DebouncedJob, debounce_for=1, max_wait=5, debounce_on=("category",))
+def rebuild_product_feed(category: str, edit: int = 0) -> str:
+    """Regenerate a category's feed once a burst of product edits has settled. ``edit`` is the
+    edit that asked for it: the run gets the last one."""
+    feed, _ = ProductFeed.objects.get_or_create(category=category)
+    ProductFeed.objects.filter(pk=feed.pk).update(
+        rebuilt_at=timezone.now(), rebuilds=F("rebuilds") + 1, last_edit=edit
+    )
+    return f"feed {category!r} rebuilt at edit {edit}"

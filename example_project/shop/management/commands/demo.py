@@ -29,15 +29,19 @@ from example_project.shop.demo_timeline import (
     FINISHED,
     PUBLISHED,
     RELEASED,
+    SUPERSEDED,
     Event,
     Timeline,
     render,
     short,
 )
-from example_project.shop.models import Order, Product
+from example_project.shop.models import Order, Product, ProductFeed
 
 #: seconds the until-processing job waits in the queue (its countdown) in part 2
 QUEUED_FOR = 0.5
+#: part 3: product edits in the burst, and the seconds between two of them
+EDITS = 20
+EDIT_EVERY = 0.025
 
 
 def positive_int(value: str) -> int:
@@ -104,7 +108,11 @@ class Command(BaseCommand):
             call_command("migrate", interactive=False, verbosity=0)
             product, order = self.shop_data()
             self.header()
-            names = {tasks.update_search_index.name, tasks.send_order_confirmation.name}
+            names = {
+                tasks.update_search_index.name,
+                tasks.send_order_confirmation.name,
+                tasks.rebuild_product_feed.name,
+            }
             with Timeline(names) as timeline:
                 self.timeline = timeline
                 self.clear_leftovers(product, order)
@@ -121,8 +129,7 @@ class Command(BaseCommand):
                     try:
                         self.part_unique(product, threads, per_thread)
                         self.part_until_processing(order)
-                        # DebouncedJob (issue #4) is not built yet: its part ("dispatched N,
-                        # ran 1, with the last arguments") goes here once it lands.
+                        self.part_debounce()
                     finally:
                         # A warm shutdown through the broker: the worker stops at once
                         # instead of finishing its current 2-second broker poll.
@@ -299,6 +306,55 @@ class Command(BaseCommand):
             f"ran {ran} ({emails} emails sent); the dispatch {when} was "
             f"{'deduplicated' if during.deduplicated else 'published'}"
         )
+        self.say("")
+
+    # -- part 3: DebouncedJob -------------------------------------------------------------
+
+    def part_debounce(self) -> None:
+        task = tasks.rebuild_product_feed
+        self.say(
+            self.style.MIGRATE_HEADING(
+                f"3. DebouncedJob: rebuild_product_feed runs once per burst, "
+                f"{task.debounce_for:g}s after its last dispatch (max_wait={task.max_wait:g}s)"
+            )
+        )
+        self.say(
+            f"   {EDITS} product edits in {EDITS * EDIT_EVERY:g}s, each asking for "
+            f"rebuild_product_feed('mugs', edit=n):"
+        )
+        feed, _ = ProductFeed.objects.get_or_create(category="mugs")
+        rebuilds_before = feed.rebuilds
+        t0 = time.monotonic()
+        results = []
+        for edit in range(1, EDITS + 1):
+            results.append(task.delay("mugs", edit=edit))
+            time.sleep(EDIT_EVERY)
+        ran_ok = self.timeline.wait(
+            lambda: any(
+                e.kind == FINISHED and e.detail.startswith("SUCCESS")
+                for e in self.timeline.of(task.name, t0)
+            ),
+            timeout=20,
+        )
+        if not ran_ok:
+            self.problems.append("rebuild_product_feed did not run within 20s")
+        values = {r.get(timeout=10) for r in results} if ran_ok else set()
+        events = self.timeline.of(task.name, t0)
+        self.print_events(events, t0)
+        feed.refresh_from_db()
+        published = [e for e in events if e.kind == PUBLISHED]
+        superseded = [e for e in events if e.kind == SUPERSEDED]
+        self.say("")
+        self.figures(
+            f"dispatched {len(results)}, superseded {len(superseded)}, "
+            f"messages published {len(published)}, ran {feed.rebuilds - rebuilds_before}, "
+            f"with the last arguments (edit={feed.last_edit})"
+        )
+        if len(values) == 1:
+            self.say(
+                f"   all {len(results)} dispatches' AsyncResults resolved to the one run: "
+                f"{next(iter(values))!r}"
+            )
         self.say("")
 
     # -- output ---------------------------------------------------------------------------
