@@ -7,6 +7,7 @@ hash; the readable form travels beside it so the admin can still show it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -32,23 +33,71 @@ class JobKey:
         return {"key": self.key, "task": self.task_name, "id": self.ident, "via": via}
 
 
+@functools.lru_cache(maxsize=512)
 def signature_of(func: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature``, computed once per function (or bound method) and reused."""
     return inspect.signature(func)
+
+
+_MISSING = object()
+_PLAIN_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD,)
+
+
+@functools.lru_cache(maxsize=512)
+def _plain_parameters(func: Callable[..., Any]) -> tuple[tuple[str, Any], ...] | None:
+    """``(name, default)`` of every parameter when all of them can be passed by position or
+    by name (the usual ``def run(self, a, b=1)``), else None (then ``Signature.bind`` does it)."""
+    params = signature_of(func).parameters.values()
+    if any(p.kind not in _PLAIN_KINDS for p in params):
+        return None
+    return tuple(
+        (p.name, _MISSING if p.default is inspect.Parameter.empty else p.default) for p in params
+    )
 
 
 def bind_arguments(
     func: Callable[..., Any], args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """The call's arguments by parameter name, defaults applied (raises TypeError if they
-    do not fit the signature, like calling the function would)."""
-    bound = signature_of(func).bind(*(args or ()), **(kwargs or {}))
+    """The call's arguments by parameter name in signature order, defaults applied (raises
+    TypeError if they do not fit the signature, like calling the function would)."""
+    args = args or ()
+    kwargs = kwargs or {}
+    plain = _plain_parameters(func)
+    if plain is not None and len(args) <= len(plain):
+        # Fast path with the same result as Signature.bind. Anything it cannot vouch for
+        # (a missing argument, an unknown or doubled keyword) goes to Signature.bind, which
+        # raises the usual TypeError.
+        arguments = dict(zip((name for name, _ in plain), args, strict=False))
+        named = 0
+        for name, default in plain[len(args) :]:
+            if name in kwargs:
+                named += 1
+                arguments[name] = kwargs[name]
+            elif default is _MISSING:
+                break
+            else:
+                arguments[name] = default
+        else:
+            if named == len(kwargs):
+                return arguments
+    bound = signature_of(func).bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
 
 
+#: canonical JSON: sorted keys, no spaces, unicode kept (one encoder, built once)
+_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+
+
 def _encode(task_name: str, name: str, value: Any, hook: str) -> str:
+    kind = type(value)
+    if kind is int:  # exactly what the encoder writes, without its machinery
+        return int.__repr__(value)
+    if kind is str:
+        return _json_string(value)
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return _JSON.encode(value)
     except (TypeError, ValueError) as exc:
         shown = repr(value)
         if len(shown) > 80:
