@@ -90,8 +90,8 @@ class UniqueJob(DedupJob):
         **options: Any,
     ) -> AsyncResult[Any]:
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
-        request = self.request
-        retrying = task_id is not None and not request.called_directly and task_id == request.id
+        # The request stack is only consulted when a task id is given (a retry re-sends its own).
+        retrying = task_id is not None and task_id == self.request.id
         task_id = task_id or uuid()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
