@@ -1,0 +1,85 @@
+"""Dispatch latency: first dispatch (a fresh key each call) and duplicate dispatch (a held
+key), for every contender, interleaved, next to a raw ``SET NX PX`` on the store's own
+connection (the floor of any one-round-trip lock decision)."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+
+from django_redis import get_redis_connection
+
+from benchmarks.contenders import Contender
+from benchmarks.redisutil import broker, clean
+from benchmarks.settings import QUEUE
+
+FLOOR = "raw SET NX PX"
+
+
+@dataclass(kw_only=True)
+class Samples:
+    """µs per call, one value per batch."""
+
+    first: list[float] = field(default_factory=list)
+    duplicate: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def median(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+
+def _batch(call: Callable[[int], object], items: list[int]) -> float:
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        started = time.perf_counter()
+        for item in items:
+            call(item)
+        elapsed = time.perf_counter() - started
+    finally:
+        if gc_was:
+            gc.enable()
+    return elapsed / len(items) * 1e6
+
+
+def time_dispatch(
+    contenders: list[Contender], *, rounds: int, batch: int, progress: Callable[[str], None] = print
+) -> dict[str, Samples]:
+    """``rounds`` rounds; in each, every contender (and the floor) runs one batch of first
+    dispatches and one of duplicates, in an order that rotates from round to round."""
+    samples = {c.name: Samples() for c in contenders}
+    samples[FLOOR] = Samples()
+    floor_client = get_redis_connection("default")
+    fresh = count(1_000_000)
+
+    def floor_set(item: int) -> object:
+        return floor_client.set(f"bench:floor:{item}", "owner-token", nx=True, px=60_000)
+
+    entries: list[tuple[str, Callable[[int], object]]] = [
+        (c.name, c.dispatch) for c in contenders
+    ] + [(FLOOR, floor_set)]
+    for _name, call in entries:  # warm up connections, scripts and caches
+        call(next(fresh))
+    for round_no in range(rounds):
+        clean()
+        shift = round_no % len(entries)
+        for name, call in entries[shift:] + entries[:shift]:
+            samples[name].first.append(_batch(call, [next(fresh) for _ in range(batch)]))
+            held = next(fresh)
+            call(held)
+            samples[name].duplicate.append(_batch(call, [held] * batch))
+            broker().delete(QUEUE)
+        if (round_no + 1) % max(1, rounds // 4) == 0:
+            progress(f"  timing: round {round_no + 1}/{rounds}")
+    clean()
+    return samples
+
+
+def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median of the per-round ratios (both measured in the same round)."""
+    ratios = [a / b for a, b in zip(numerator, denominator, strict=True) if b]
+    return statistics.median(ratios) if ratios else float("nan")
