@@ -7,7 +7,7 @@ from pathlib import Path
 from benchmarks.commands import OPS
 from benchmarks.paths import PATHS
 from benchmarks.report import PLAIN, Results
-from benchmarks.timing import FLOOR, Samples, paired_ratio
+from benchmarks.timing import FLOOR, LOCK_FLOOR, Samples, paired_ratio
 
 COLORS = {
     PLAIN: "#9e9e9e",
@@ -17,6 +17,7 @@ COLORS = {
     "UniqueUntilProcessingJob": "#5b9bd5",
     "DebouncedJob": "#8fbce6",
     FLOOR: "#3c9d5d",
+    LOCK_FLOOR: "#7cc08f",
 }
 
 
@@ -27,13 +28,14 @@ def draw(r: Results, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
-    names = [n for n in r.timing if n != FLOOR]
-    colors = [COLORS.get(n, "#777777") for n in names]
-
+    names = [n for n in r.timing if n not in (FLOOR, LOCK_FLOOR)]
     ax = axes[0][0]
-    firsts = [Samples.median(r.timing[n].first) for n in names]
-    bars = ax.bar(range(len(names)), firsts, color=colors)
-    for bar, name in zip(bars, names, strict=True):
+    first_names = names + [n for n in (LOCK_FLOOR,) if n in r.timing]
+    firsts = [Samples.median(r.timing[n].first) for n in first_names]
+    bars = ax.bar(
+        range(len(first_names)), firsts, color=[COLORS.get(n, "#777777") for n in first_names]
+    )
+    for bar, name in zip(bars, first_names, strict=True):
         ratio = paired_ratio(r.timing[name].first, r.timing[PLAIN].first)
         ax.annotate(
             f"{ratio:.2f}x",
@@ -43,7 +45,7 @@ def draw(r: Results, path: Path) -> None:
             fontsize=9,
         )
     ax.set_title("First dispatch (fresh key), median µs/call\nratio to plain Celery")
-    _names(ax, names)
+    _names(ax, first_names)
 
     ax = axes[0][1]
     dup_names = [n for n in names if n != PLAIN] + [FLOOR]
@@ -111,9 +113,9 @@ def draw(r: Results, path: Path) -> None:
 
 def _names(ax: object, names: list[str]) -> None:
     labels = [
-        n.replace("UniqueUntilProcessingJob", "UniqueUntil-\nProcessingJob").replace(
-            "celery-singleton", "celery-\nsingleton"
-        )
+        n.replace("UniqueUntilProcessingJob", "UniqueUntil-\nProcessingJob")
+        .replace("celery-singleton", "celery-\nsingleton")
+        .replace(" + ", " +\n")
         for n in names
     ]
     ax.set_xticks(range(len(names)), labels, fontsize=8)  # type: ignore[attr-defined]

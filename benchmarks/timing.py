@@ -18,6 +18,8 @@ from benchmarks.redisutil import broker, clean
 from benchmarks.settings import QUEUE
 
 FLOOR = "raw SET NX PX"
+#: the least any lock-then-publish can cost: one SET NX round trip, then plain Celery's publish
+LOCK_FLOOR = "SET NX PX + plain Celery"
 
 
 @dataclass(kw_only=True)
@@ -62,6 +64,15 @@ def time_dispatch(
     entries: list[tuple[str, Callable[[int], object]]] = [
         (c.name, c.dispatch) for c in contenders
     ] + [(FLOOR, floor_set)]
+    plain = next((c for c in contenders if c.family == "plain"), None)
+    if plain is not None:
+
+        def lock_then_publish(item: int) -> object:
+            floor_set(item)
+            return plain.dispatch(item)
+
+        samples[LOCK_FLOOR] = Samples()
+        entries.append((LOCK_FLOOR, lock_then_publish))
     for _name, call in entries:  # warm up connections, scripts and caches
         call(next(fresh))
     for round_no in range(rounds):
@@ -69,6 +80,8 @@ def time_dispatch(
         shift = round_no % len(entries)
         for name, call in entries[shift:] + entries[:shift]:
             samples[name].first.append(_batch(call, [next(fresh) for _ in range(batch)]))
+            if name == LOCK_FLOOR:
+                continue  # its duplicate is the floor itself
             held = next(fresh)
             call(held)
             samples[name].duplicate.append(_batch(call, [held] * batch))
