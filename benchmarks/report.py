@@ -109,7 +109,7 @@ def contention_rows(r: Results) -> list[list[Any]]:
     for name, c in r.contention.items():
         dupes = sum(max(0, p - 1) for p in c.published)
         rows.append(
-            [name, statistics.median(c.published), min(c.published), max(c.published), dupes]
+            [name, f"{statistics.median(c.published):g}", min(c.published), max(c.published), dupes]
         )
     return rows
 
