@@ -8,18 +8,21 @@ On a Redis Cluster all keys of one script must share a slot: put a hash tag in t
 KEY_PREFIX (e.g. "{dedup_jobs}").
 """
 
+import hashlib
+
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME), ARGV[4] reentrant "1"/"0",
 # ARGV[5] task name, ARGV[6] readable id
-# Returns {1, owner} when taken, {0, holder} when another owner holds it.
+# Returns {1, owner} when taken, {0, holder} when another owner holds it (the server clock
+# is read only once the lock is known to be free: a duplicate costs one HGET).
 ACQUIRE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
   return {0, cur}
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6])
@@ -172,3 +175,10 @@ redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('ZREM', KEYS[3], KEYS[1])
 return {'claimed', v[1], v[2], ids}
 """
+
+#: SHA1 of every script above, for EVALSHA (computed once, at import)
+SHA = {
+    name: hashlib.sha1(body.encode("utf-8")).hexdigest()
+    for name, body in dict(globals()).items()
+    if name.isupper() and isinstance(body, str) and "redis.call" in body
+}
