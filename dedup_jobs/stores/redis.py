@@ -38,8 +38,15 @@ def _errors() -> tuple[type[BaseException], ...]:
     from redis.exceptions import RedisError
 
     # RedisError covers connection loss and error replies alike (READONLY after a failover,
-    # OOM, NOPERM, BUSY): the store cannot answer. NOSCRIPT is handled by register_script.
+    # OOM, NOPERM, BUSY): the store cannot answer. NOSCRIPT is handled by _eval.
     return (RedisError, ConnectionInterrupted)
+
+
+def _redis_errors() -> tuple[Any, Any, Any]:
+    """NOSCRIPT, connection-level errors (the reply was lost), error replies."""
+    from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
+
+    return NoScriptError, (ConnectionError, TimeoutError), ResponseError
 
 
 def _text(value: Any) -> str:
@@ -55,8 +62,13 @@ class RedisStore(BaseStore):
         super().__init__(alias)
         self.cache: Any = caches[alias]
         self._client: Any = None
-        self._scripts: dict[str, Any] = {}
         self._errors = _errors()
+        self._no_script, self._transient, self._reply = _redis_errors()
+        self._sha = dict(lua.SHA)
+        # Settings are read once per store instance: get_store() drops its instances when
+        # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
+        self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
+        self._debounce_index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:debounce")
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -68,30 +80,56 @@ class RedisStore(BaseStore):
             self._client = get_redis_connection(self.alias)
         return self._client
 
-    def _script(self, name: str) -> Any:
-        script = self._scripts.get(name)
-        if script is None:
-            # register_script runs EVALSHA and loads the script only on NOSCRIPT.
-            script = self._scripts[name] = self.client.register_script(getattr(lua, name))
-        return script
-
     def physical(self, key: str) -> str:
         return str(self.cache.make_key(key))
 
     def index_key(self) -> str:
-        return self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
+        return self._index_key
 
     def debounce_index_key(self) -> str:
-        return self.physical(f"{app_settings.KEY_PREFIX}:index:debounce")
+        return self._debounce_index_key
 
     def _call(self, name: str, key: JobKey, *args: Any) -> Any:
-        return self._eval(name, [self.physical(key.key), self.index_key()], args)
+        return self._eval(name, [self.physical(key.key), self._index_key], args)
 
     def _eval(self, name: str, keys: list[str], args: Any) -> Any:
+        """Run script ``name`` in one round trip: EVALSHA by the digest computed at import,
+        loading the script only if the server answers NOSCRIPT (first use, restart, flush)."""
+        command = (len(keys), *keys, *args)
         try:
-            return self._script(name)(keys=keys, args=args)
+            try:
+                return self._evalsha(self._sha[name], command)
+            except self._no_script:
+                self._sha[name] = self.client.script_load(getattr(lua, name))
+                return self._evalsha(self._sha[name], command)
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
+
+    def _evalsha(self, sha: str, command: tuple[Any, ...]) -> Any:
+        """One EVALSHA, written straight to a pooled connection: every decision is on the
+        dispatch path, and redis-py's per-command wrapper (retry bookkeeping, metrics hooks)
+        costs about as much as Redis takes to run the script. On a connection error the
+        connection is dropped and the command goes once more through ``execute_command`` and
+        redis-py's retry policy, as it would have without this fast path."""
+        client = self.client
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or getattr(client, "connection", None) is not None:
+            # a cluster client, or a single-connection client: the plain way
+            return client.execute_command("EVALSHA", sha, *command)
+        conn = pool.get_connection()
+        try:
+            conn.send_command("EVALSHA", sha, *command)
+            return conn.read_response()
+        except self._transient:
+            conn.disconnect()
+            return client.execute_command("EVALSHA", sha, *command)
+        except self._reply:
+            raise  # the server answered: the connection is fine
+        except BaseException:
+            conn.disconnect()  # interrupted mid-reply: never reuse a half-read connection
+            raise
+        finally:
+            pool.release(conn)
 
     def _debounce_keys(self, key: JobKey) -> list[str]:
         physical = self.physical(key.key)
