@@ -16,7 +16,7 @@ class Contender:
     task: Any
     #: the Redis key (store database) of the lock for ``item``; None if there is no lock
     lock_key: Callable[[int], str | None]
-    #: "plain", "peer" or "dedup"
+    #: "plain", "peer", "dedup" (the unique kinds) or "debounce"
     family: str
     #: does the lock live while the job runs (False: released when the worker takes it)
     held_while_running: bool = True
@@ -72,5 +72,5 @@ def debounced_contender() -> Contender | None:
         name="DebouncedJob",
         task=bench.debounced,
         lock_key=_dedup_key(bench.debounced),
-        family="dedup",
+        family="debounce",
     )

@@ -72,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
             f"commands) as soon as the class can be built."
         )
         say(f"DebouncedJob: NOT MEASURED ({bench.DEBOUNCED_MISSING})")
+    else:
+        notes.append(
+            "DebouncedJob: *first dispatch* starts a burst (its debounce state and one delayed "
+            "message); *duplicate* is a dispatch inside a running burst (supersedes the "
+            "previous arguments, publishes nothing). Its worker side and D6 (10,000 "
+            "dispatches, a bounded handful of messages) are measured by `python -m "
+            "benchmarks.debounce`. It is left out of contention, entry paths and SIGKILL, "
+            "which are about locks."
+        )
     timed = contenders + ([debounced] if debounced else [])
     say(f"Redis {REDIS_URL} (broker db {settings.BROKER_DB}, store db {settings.STORE_DB})")
     client(0).ping()

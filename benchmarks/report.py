@@ -97,7 +97,7 @@ def ops_rows(r: Results) -> list[list[Any]]:
         rows.append(
             [
                 name,
-                *(ops[op].describe() for op in OPS),
+                *(ops[op].describe() if op in ops else "n/a" for op in OPS),
                 f"{ops['dispatch'].published:g} / {ops['duplicate'].published:g}",
             ]
         )
@@ -149,7 +149,7 @@ def verdicts(r: Results) -> list[tuple[str, bool, str]]:
     for name, ops in r.ops.items():
         if not name.startswith(("Unique", "Debounced")):
             continue
-        trips = {op: ops[op].round_trips for op in OPS}
+        trips = {op: ops[op].round_trips for op in OPS if op in ops}
         budget_ok = all(t <= 1 for t in trips.values())
         out.append(
             (
@@ -257,7 +257,8 @@ def render(r: Results, redis_info: dict[str, Any], command: str) -> str:
         f"in one run of `{command}` ({r.seconds / 60:.1f} min). "
         "Every contender runs the same job body; its key is the `item` argument; every lock "
         "lives 60 s (`unique_for`, celery-once `timeout`, celery-singleton `lock_expiry`); "
-        "no result backend.",
+        "no result backend. The [budgets](semantics.md#budgets) (store round trips and "
+        "broker messages per operation, SPEC section 8) are checked line by line below.",
         "",
         "![benchmark chart](img/benchmarks.png)",
         "",
