@@ -68,7 +68,7 @@ def draw(r: Results, path: Path) -> None:
     op_names = list(r.ops)
     width = 0.8 / len(op_names)
     for index, name in enumerate(op_names):
-        values = [r.ops[name][op].round_trips for op in OPS]
+        values = [r.ops[name][op].round_trips if op in r.ops[name] else 0 for op in OPS]
         ax.bar(
             [i + index * width for i in range(len(OPS))],
             values,
