@@ -105,7 +105,7 @@ class UniqueJob(DedupJob):
             self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
             # The attempt that is ending must not release the lock it hands over to its
             # retry (self.retry(throw=False) returns normally; the same id carries on).
-            request.update(dedup_handed_over=True)
+            self.request.update(dedup_handed_over=True)
             return super().apply_async(args, kwargs, task_id, **options)
         try:
             answer = store.acquire(key, task_id, ttl, now=now)
