@@ -272,3 +272,25 @@ def test_database_store_without_time_zones() -> None:
     lock = store.get(key)
     assert lock is not None and lock.owner == "a"
     assert store.acquire(key, "b", 60, now=now + 61).acquired
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_acquire_sent_twice_still_publishes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """U6: when the client re-sends an acquire whose reply was lost (redis-py retries on a
+    connection error), the second answer says "held by you": the dispatch still publishes
+    instead of leaving a lock with nothing queued."""
+    from dedup_jobs.stores.redis import RedisStore
+
+    real = RedisStore.acquire
+
+    def acquire_twice(self: Any, key: Any, owner: str, ttl: float, **kwargs: Any) -> Any:
+        real(self, key, owner, ttl, **kwargs)  # the first send: its reply "was lost"
+        return real(self, key, owner, ttl, **kwargs)
+
+    monkeypatch.setattr(RedisStore, "acquire", acquire_twice)
+    with kombu.Connection(MEMORY) as memory:
+        result = jobs.unique_sleep.apply_async((1,), connection=memory)
+    assert result.deduplicated is False
+    lock = jobs.unique_sleep.store().get(jobs.unique_sleep.job_key((1,), {}))
+    assert lock is not None and lock.owner == result.id

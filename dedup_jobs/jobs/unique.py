@@ -92,6 +92,7 @@ class UniqueJob(DedupJob):
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
         # The request stack is only consulted when a task id is given (a retry re-sends its own).
         retrying = task_id is not None and task_id == self.request.id
+        generated = task_id is None
         task_id = task_id or uuid()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
@@ -123,7 +124,9 @@ class UniqueJob(DedupJob):
             result = super().apply_async(args, kwargs, task_id, **options)
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
-        if not answer.acquired:
+        # A freshly generated id held already means our own acquire ran twice (the client
+        # re-sent it after a lost reply): the lock is ours, publish.
+        if not answer.acquired and not (generated and answer.holder == task_id):
             return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
         try:
             result = super().apply_async(args, kwargs, task_id, **options)
