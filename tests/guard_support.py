@@ -55,10 +55,15 @@ def publishing_to(app: Any, url: str) -> Iterator[None]:
     producers = pools.producers[app.connection_for_write(url)]
     producers.limit = app._pool.limit
     app.amqp._producer_pool = producers
+    # Remote control (revoke, inspect) publishes through kombu's Mailbox, which caches the
+    # producer pool it first saw (a cached_property): forget it on the way in and out, or a
+    # revoke after an earlier inspect goes to the other broker.
+    app.control.mailbox.__dict__.pop("producer_pool", None)
     try:
         yield
     finally:
         app._pool, app.amqp._producer_pool = saved
+        app.control.mailbox.__dict__.pop("producer_pool", None)
 
 
 @contextmanager
