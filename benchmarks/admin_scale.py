@@ -51,7 +51,7 @@ from django.test import Client  # noqa: E402
 
 from dedup_jobs import clock  # noqa: E402
 from dedup_jobs.keys import build_key  # noqa: E402
-from dedup_jobs.stores import get_store  # noqa: E402
+from dedup_jobs.stores import get_store, lua  # noqa: E402
 from dedup_jobs.stores.base import encode_call  # noqa: E402
 from tests import jobs, jobs_debounce  # noqa: E402,F401 - registers the test jobs
 
@@ -61,7 +61,7 @@ PIPELINE = 2000
 
 def fill_locks(count: int) -> None:
     store: Any = get_store("redis")
-    script = store._script("ACQUIRE")
+    script = store.client.register_script(lua.ACQUIRE)
     index = store.index_key()
     now = clock.now()
     pipe = store.client.pipeline(transaction=False)

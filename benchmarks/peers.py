@@ -133,6 +133,9 @@ def _finish(results: object, args: argparse.Namespace, redis_info: dict[str, obj
         print("\n" + text)
         failed = [t for t, ok, _ in report.verdicts(r) if not ok]
     else:
+        if r.timing:
+            header = ["contender", "first µs", "vs plain", "duplicate µs", "vs SET NX rate"]
+            print("\n" + report.table(header, report.latency_rows(r)))
         print("(sections skipped: no acceptance verdict, nothing written)")
         failed = []
     if complete and not args.no_write:

@@ -20,6 +20,7 @@ from benchmarks.timing import FLOOR, LOCK_FLOOR, Samples, paired_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = "plain Celery"
+PEERS = ("celery-once", "celery-singleton")
 FIRST_TARGET = 1.30  # UniqueJob first dispatch at most this many times plain Celery
 FLOOR_TARGET = 0.85  # UniqueJob duplicate at least this fraction of the SET NX rate
 
@@ -146,6 +147,22 @@ def verdicts(r: Results) -> list[tuple[str, bool, str]]:
             f"{_us(Samples.median(floor.duplicate))} µs)",
         ),
     ]
+    peers = [name for name in r.timing if name in PEERS]
+    for name, s in r.timing.items():
+        if not name.startswith(("Unique", "Debounced")) or not peers:
+            continue
+        mine_first = paired_ratio(s.first, plain.first)
+        mine_rate = paired_ratio(floor.duplicate, s.duplicate)
+        best_first = min(paired_ratio(r.timing[p].first, plain.first) for p in peers)
+        best_rate = max(paired_ratio(floor.duplicate, r.timing[p].duplicate) for p in peers)
+        out.append(
+            (
+                f"{name}: leads every peer on first and duplicate dispatch",
+                mine_first < best_first and mine_rate > best_rate,
+                f"first {mine_first:.2f}x (best peer {best_first:.2f}x), "
+                f"duplicate {mine_rate:.2f}x (best peer {best_rate:.2f}x)",
+            )
+        )
     for name, ops in r.ops.items():
         if not name.startswith(("Unique", "Debounced")):
             continue

@@ -1,10 +1,13 @@
-"""The ``DEDUP_JOBS`` setting, read on every access so ``override_settings`` just works."""
+"""The ``DEDUP_JOBS`` setting, read once and read again whenever Django reports it changed
+(``setting_changed``: ``override_settings`` and ``settings`` fixtures), so the dispatch path
+does not look it up on every call."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Store used by jobs that name none: a CACHES alias, or "database" for the JobLock model.
@@ -31,10 +34,20 @@ ON_STORE_ERROR_CHOICES = ("raise", "enqueue")
 class AppSettings:
     """Typed view of ``settings.DEDUP_JOBS``; every key is optional."""
 
+    def __init__(self) -> None:
+        self._raw: dict[str, Any] | None = None
+
     @property
     def raw(self) -> dict[str, Any]:
-        value = getattr(settings, "DEDUP_JOBS", None)
-        return value if isinstance(value, dict) else {}
+        raw = self._raw
+        if raw is None:
+            value = getattr(settings, "DEDUP_JOBS", None)
+            raw = self._raw = value if isinstance(value, dict) else {}
+        return raw
+
+    def reload(self) -> None:
+        """Read ``settings.DEDUP_JOBS`` again on next use (after changing it in place)."""
+        self._raw = None
 
     def _get(self, name: str) -> Any:
         return self.raw.get(name, DEFAULTS[name])
@@ -69,3 +82,11 @@ class AppSettings:
 
 
 app_settings = AppSettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "DEDUP_JOBS":
+        app_settings.reload()
+
+
+setting_changed.connect(_reload, weak=False, dispatch_uid="dedup_jobs.conf.reload")

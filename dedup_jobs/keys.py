@@ -109,6 +109,24 @@ def _encode(task_name: str, name: str, value: Any, hook: str) -> str:
         ) from exc
 
 
+@functools.lru_cache(maxsize=512)
+def _positional_plan(
+    func: Callable[..., Any], fields: tuple[str, ...] | None
+) -> tuple[int, int, tuple[tuple[str, int, Any], ...]] | None:
+    """For a call with positional arguments only: (fewest arguments, most arguments, and
+    per key field its name, position and default), or None when binding must do it."""
+    plain = _plain_parameters(func)
+    if plain is None:
+        return None
+    names = [name for name, _ in plain]
+    wanted = fields or tuple(names)
+    if any(name not in names for name in wanted):
+        return None
+    required = sum(1 for _, default in plain if default is _MISSING)
+    at = {name: index for index, name in enumerate(names)}
+    return required, len(plain), tuple((name, at[name], plain[at[name]][1]) for name in wanted)
+
+
 def default_id(
     task_name: str,
     func: Callable[..., Any],
@@ -119,6 +137,16 @@ def default_id(
 ) -> str:
     """``name=value`` pairs of the bound arguments (only ``fields`` when given), values as
     canonical JSON, joined with commas."""
+    if not kwargs:
+        # The usual dispatch, f.delay(a, b): no binding needed, the same id.
+        args = args or ()
+        plan = _positional_plan(func, tuple(fields) if fields else None)
+        if plan is not None and plan[0] <= len(args) <= plan[1]:
+            given = len(args)
+            return ",".join([
+                f"{name}={_encode(task_name, name, args[at] if at < given else default, hook)}"
+                for name, at, default in plan[2]
+            ])
     arguments = bind_arguments(func, args, kwargs)
     names = list(fields) if fields else list(arguments)
     return ",".join(f"{name}={_encode(task_name, name, arguments[name], hook)}" for name in names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 
 import pytest
 from django.test import override_settings
@@ -74,3 +75,58 @@ def test_arguments_that_do_not_fit_run_raise_type_error() -> None:
     """Dispatching with arguments run() does not take fails like calling it would."""
     with pytest.raises(TypeError):
         jobs.unique_sleep.job_key((1, 2, 3), {})
+
+
+def _signature_kinds(a: object, b: object = 2, c: object = "x") -> None:
+    return None
+
+
+def _with_star(a: object, *rest: object, b: object = 2) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("func", "args", "fields"),
+    [
+        (_signature_kinds, (1,), None),
+        (_signature_kinds, (1, 5), None),
+        (_signature_kinds, (1, 5, "y"), None),
+        (_signature_kinds, (1, 5, "y"), ("c", "a")),
+        (_signature_kinds, (1,), ("c",)),
+        (_signature_kinds, ({"k": [1, 2]},), ("a", "b")),
+        (_with_star, (1, 2, 3), None),
+        (_with_star, (1,), ("b", "a")),
+    ],
+)
+def test_positional_calls_get_the_same_id_as_binding(
+    func: Callable[..., None], args: tuple[object, ...], fields: tuple[str, ...] | None
+) -> None:
+    """The dispatch path builds the id of a positional-only call without binding the
+    arguments: it must be exactly the id Signature.bind gives (and so the same as the call
+    with keyword arguments)."""
+    from dedup_jobs.keys import bind_arguments, default_id
+
+    fast = default_id("t", func, args, {}, fields, "unique_id")
+    bound = bind_arguments(func, args, None)
+    names = list(fields) if fields else list(bound)
+    by_binding = ",".join(f"{name}={json_value(bound[name])}" for name in names)
+    assert fast == by_binding
+    if func is _signature_kinds:
+        as_keywords = dict(zip(("a", "b", "c"), args, strict=False))
+        assert default_id("t", func, (), as_keywords, fields, "unique_id") == fast
+
+
+def test_positional_calls_that_do_not_fit_still_raise() -> None:
+    """Too few or too many positional arguments are not given an id by the fast path."""
+    from dedup_jobs.keys import default_id
+
+    with pytest.raises(TypeError):
+        default_id("t", _signature_kinds, (), {}, None, "unique_id")
+    with pytest.raises(TypeError):
+        default_id("t", _signature_kinds, (1, 2, 3, 4), {}, None, "unique_id")
+
+
+def json_value(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -1,8 +1,12 @@
 """The django-redis store's EVALSHA fast path (S1): scripts loaded on demand, a dropped
-connection recovered, and still one round trip per decision."""
+connection recovered, still one round trip per decision, and the connections the store keeps
+between decisions never shared by two callers, never reused after a failure, never used by a
+forked child, and handed back when the store is dropped."""
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 import pytest
@@ -10,7 +14,9 @@ from celery.utils import uuid
 from django.test import override_settings
 
 from dedup_jobs import clock
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores import get_store
+from dedup_jobs.stores.redis import MAX_IDLE
 from tests import jobs
 
 pytestmark = pytest.mark.redis
@@ -44,9 +50,178 @@ def test_a_killed_connection_is_replaced(redis_client: Any) -> None:
         key = jobs.unique_sleep.job_key((2,), {})
         owner = uuid()
         assert store.acquire(key, owner, 60, now=clock.now()).acquired
-        redis_client.client_kill_filter(_id=store.client.client_id())  # the pooled one
+        killed = redis_client.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1  # the store's kept connection among them
         again = store.acquire(key, uuid(), 60, now=clock.now())
         assert not again.acquired and again.holder == owner
-        redis_client.client_kill_filter(_id=store.client.client_id())
+        redis_client.client_kill_filter(_type="normal", skipme=True)
         assert store.release(key, owner)
         assert store.get(key) is None
+
+
+def _script_connections(redis_client: Any) -> int:
+    """Connections to the lock database whose last command was a script call."""
+    db = redis_client.connection_pool.connection_kwargs.get("db", 0)
+    return sum(
+        1
+        for c in redis_client.client_list()
+        if c.get("cmd") in ("evalsha", "eval") and int(c.get("db", -1)) == db
+    )
+
+
+def test_one_kept_connection_serves_sequential_decisions(redis_client: Any) -> None:
+    """S1: a hundred decisions one after another use one connection, not one each (and the
+    pool's own "unread data?" poll is not paid per decision)."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        for n in range(100):
+            key = jobs.unique_sleep.job_key((n,), {})
+            owner = uuid()
+            assert store.acquire(key, owner, 60, now=clock.now()).acquired
+            assert store.release(key, owner)
+        assert _script_connections(redis_client) == 1
+
+
+def test_threads_never_share_a_connection_or_a_reply(redis_client: Any) -> None:
+    """S1: 8 threads deciding at once each read their own answer: every acquire of a
+    thread's own key returns that thread's owner, every duplicate the one holder."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        shared = jobs.unique_sleep.job_key(("shared",), {})
+        holder = uuid()
+        assert store.acquire(shared, holder, 60, now=clock.now()).acquired
+        wrong: list[str] = []
+        start = threading.Barrier(8)
+
+        def work(worker: int) -> None:
+            start.wait()
+            for n in range(150):
+                key = jobs.unique_sleep.job_key((f"{worker}-{n}",), {})
+                mine = uuid()
+                got = store.acquire(key, mine, 60, now=clock.now())
+                if not got.acquired or got.holder != mine:
+                    wrong.append(f"{worker}-{n}: {got}")
+                dup = store.acquire(shared, mine, 60, now=clock.now())
+                if dup.acquired or dup.holder != holder:
+                    wrong.append(f"shared from {worker}-{n}: {dup}")
+                if not store.release(key, mine):
+                    wrong.append(f"release {worker}-{n}")
+
+        threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert wrong == []
+        assert 1 <= len(store._idle) <= MAX_IDLE
+        assert store.release(shared, holder)
+
+
+def test_a_reply_error_keeps_the_connection(redis_client: Any) -> None:
+    """S1: an error reply (here WRONGTYPE: the lock key holds a plain string) is reported as
+    StoreUnavailable, and the connection, which read the whole reply, is kept."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        key = jobs.unique_sleep.job_key(("wrongtype",), {})
+        redis_client.set(store.physical(key.key), "not a lock")
+        with pytest.raises(StoreUnavailable, match="WRONGTYPE"):
+            store.acquire(key, uuid(), 60, now=clock.now())
+        kept = list(store._idle)
+        assert len(kept) == 1
+        other = jobs.unique_sleep.job_key(("fine",), {})
+        owner = uuid()
+        assert store.acquire(other, owner, 60, now=clock.now()).acquired
+        assert store._idle == kept
+        assert store.release(other, owner)
+
+
+def test_an_interrupted_decision_never_reuses_its_connection(redis_client: Any) -> None:
+    """S1: a decision interrupted between sending and reading (KeyboardInterrupt, a worker's
+    time limit) drops that connection: a later decision must not read the stale reply."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        key = jobs.unique_sleep.job_key(("interrupted",), {})
+        first = uuid()
+        assert store.acquire(key, first, 60, now=clock.now()).acquired
+        (conn,) = store._idle
+
+        def interrupted(*args: Any, **kwargs: Any) -> Any:
+            raise KeyboardInterrupt
+
+        conn.read_response = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            store.acquire(key, uuid(), 60, now=clock.now())
+        del conn.read_response
+        assert conn not in store._idle
+        # the unread reply ("0" + first) is not read by the next, different decision
+        other = jobs.unique_sleep.job_key(("after",), {})
+        mine = uuid()
+        answer = store.acquire(other, mine, 60, now=clock.now())
+        assert answer.acquired and answer.holder == mine
+        assert store.release(other, mine)
+        assert store.release(key, first)
+
+
+def test_dropping_the_store_hands_its_connections_back(redis_client: Any) -> None:
+    """A store dropped on a settings change gives its kept connections back to the
+    django-redis pool instead of holding them for ever."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        key = jobs.unique_sleep.job_key(("closing",), {})
+        owner = uuid()
+        assert store.acquire(key, owner, 60, now=clock.now()).acquired
+        (kept,) = store._idle
+        pool = store.client.connection_pool
+    # leaving override_settings sends setting_changed: the store is dropped and closed
+    assert store._idle == []
+    again = pool.get_connection()
+    try:
+        assert again is kept
+    finally:
+        pool.release(again)
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        assert _store() is not store
+        assert _store().release(key, owner)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_never_uses_the_parents_connection(redis_client: Any) -> None:
+    """A prefork worker child inherits the parent's store: it must open its own connection
+    (two processes reading one socket would read each other's replies), and must leave the
+    parent's connection working."""
+    with override_settings(DEDUP_JOBS={"STORE": "redis"}):
+        store = _store()
+        key = jobs.unique_sleep.job_key(("parent",), {})
+        owner = uuid()
+        assert store.acquire(key, owner, 60, now=clock.now()).acquired
+        (parent_conn,) = store._idle
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit status only
+            code = 1
+            try:
+                if store._idle == []:
+                    code = 2
+                    mine = uuid()
+                    child_key = jobs.unique_sleep.job_key(("child",), {})
+                    got = store.acquire(child_key, mine, 60, now=clock.now())
+                    dup = store.acquire(key, mine, 60, now=clock.now())
+                    if (
+                        got.acquired
+                        and got.holder == mine
+                        and not dup.acquired
+                        and dup.holder == owner
+                        and parent_conn not in store._idle
+                        and store.release(child_key, mine)
+                    ):
+                        code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # the parent's kept connection still answers
+        assert store._idle == [parent_conn]
+        again = store.acquire(key, uuid(), 60, now=clock.now())
+        assert not again.acquired and again.holder == owner
+        assert store._idle == [parent_conn]
+        assert store.release(key, owner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -37,6 +38,13 @@ def _run_parameters(cls: type) -> list[inspect.Parameter] | None:
     if not isinstance(raw, staticmethod) and params:
         params = params[1:]  # self (class style, or bind=True)
     return params
+
+
+def new_task_id() -> str:
+    """A random (version 4) UUID string, as Celery's ``uuid()`` makes for a task id, without
+    building a ``uuid.UUID`` on the dispatch path."""
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 def notify(signal: Signal, sender: type, **kwargs: Any) -> None:

@@ -20,13 +20,12 @@ from typing import Any, ClassVar
 
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
-from celery.utils import uuid
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome
-from dedup_jobs.jobs.base import DedupJob, logger
+from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.base import CLAIMED, WAIT, BaseStore, encode_call
@@ -90,9 +89,11 @@ class DebouncedJob(DedupJob):
     ) -> AsyncResult[Any]:
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
         publish = super().apply_async
-        request = self.request
-        if task_id is not None and not request.called_directly and task_id == request.id:
-            return publish(args, kwargs, task_id, **self._retry_options(options))
+        # The request stack is only consulted when a task id is given (a retry re-sends its own).
+        if task_id is not None:
+            request = self.request
+            if not request.called_directly and task_id == request.id:
+                return publish(args, kwargs, task_id, **self._retry_options(options))
         if (
             link
             or link_error
@@ -102,7 +103,7 @@ class DebouncedJob(DedupJob):
             # A canvas continuation needs this very message: published as it is, it runs
             # (no header, so the worker runs it unchecked). Eager mode runs at once too.
             return publish(args, kwargs, task_id, **options)
-        task_id = task_id or uuid()
+        task_id = task_id or new_task_id()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
         store = self.store(alias)

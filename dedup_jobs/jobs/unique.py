@@ -13,12 +13,11 @@ from typing import Any, ClassVar
 from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
-from celery.utils import uuid
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs.base import DedupJob, logger, notify
+from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
@@ -90,14 +89,13 @@ class UniqueJob(DedupJob):
         **options: Any,
     ) -> AsyncResult[Any]:
         options.update(producer=producer, link=link, link_error=link_error, shadow=shadow)
-        # The request stack is only consulted when a task id is given (a retry re-sends its own).
-        retrying = task_id is not None and task_id == self.request.id
         generated = task_id is None
-        task_id = task_id or uuid()
+        # The request stack is only consulted when a task id is given (a retry re-sends its own).
+        retrying = not generated and task_id == self.request.id
+        task_id = task_id or new_task_id()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
         store = self.store(alias)
-        options = self.with_header(options, key.as_header(alias))
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
         ttl = self.lock_ttl() + _wait(options, now)
@@ -107,7 +105,7 @@ class UniqueJob(DedupJob):
             # The attempt that is ending must not release the lock it hands over to its
             # retry (self.retry(throw=False) returns normally; the same id carries on).
             self.request.update(dedup_handed_over=True)
-            return super().apply_async(args, kwargs, task_id, **options)
+            return self._publish(args, kwargs, task_id, key, alias, options)
         try:
             answer = store.acquire(key, task_id, ttl, now=now)
         except StoreUnavailable:
@@ -121,15 +119,15 @@ class UniqueJob(DedupJob):
                 alias,
                 exc_info=True,
             )
-            result = super().apply_async(args, kwargs, task_id, **options)
+            result = self._publish(args, kwargs, task_id, key, alias, options)
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
         # A freshly generated id held already means our own acquire ran twice (the client
         # re-sent it after a lost reply): the lock is ours, publish.
         if not answer.acquired and not (generated and answer.holder == task_id):
-            return self._duplicate(key, answer.holder, task_id, args, kwargs, options)
+            return self._duplicate(key, alias, answer.holder, task_id, args, kwargs, options)
         try:
-            result = super().apply_async(args, kwargs, task_id, **options)
+            result = self._publish(args, kwargs, task_id, key, alias, options)
         except BaseException:
             # U6: never a lock with nothing queued.
             store.release(key, task_id)
@@ -137,6 +135,20 @@ class UniqueJob(DedupJob):
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
         result.deduplicated = False  # type: ignore[attr-defined]
         return result
+
+    def _publish(
+        self,
+        args: Any,
+        kwargs: Any,
+        task_id: str,
+        key: JobKey,
+        alias: str,
+        options: dict[str, Any],
+    ) -> AsyncResult[Any]:
+        """Celery's apply_async, with the dedup header the worker-side check reads (built
+        only for a message that is published: a duplicate never needs it)."""
+        options = self.with_header(options, key.as_header(alias))
+        return super().apply_async(args, kwargs, task_id, **options)
 
     def _try_acquire(
         self, store: BaseStore, key: JobKey, owner: str, ttl: float, now: float, *, reentrant: bool
@@ -151,6 +163,7 @@ class UniqueJob(DedupJob):
     def _duplicate(
         self,
         key: JobKey,
+        alias: str,
         holder: str,
         task_id: str,
         args: Any,
@@ -170,7 +183,7 @@ class UniqueJob(DedupJob):
         if _frozen_by_canvas(options):
             # A chain/group/chord froze this id into the result its caller waits on: publish
             # it anyway; the worker-side check sees the other owner and completes it (W3).
-            return super().apply_async(args, kwargs, task_id, **options)
+            return self._publish(args, kwargs, task_id, key, alias, options)
         result = self.AsyncResult(holder)
         result.deduplicated = True  # type: ignore[attr-defined]
         return result

@@ -61,4 +61,8 @@ def get_store(alias: str) -> BaseStore:
 @receiver(setting_changed)
 def _forget_stores(*, setting: str, **kwargs: Any) -> None:
     if setting in ("CACHES", "DEDUP_JOBS", "DATABASES"):
-        _stores.clear()
+        with _lock:
+            dropped = list(_stores.values())
+            _stores.clear()
+        for store in dropped:
+            store.close()

@@ -136,6 +136,10 @@ class BaseStore(ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.alias!r}>"
 
+    def close(self) -> None:
+        """Give back what the store holds between decisions (it is being dropped)."""
+        return None
+
     @abstractmethod
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False

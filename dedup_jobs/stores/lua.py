@@ -14,12 +14,13 @@ import hashlib
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME), ARGV[4] reentrant "1"/"0",
 # ARGV[5] task name, ARGV[6] readable id
-# Returns {1, owner} when taken, {0, holder} when another owner holds it (the server clock
-# is read only once the lock is known to be free: a duplicate costs one HGET).
+# Returns "1" .. owner when taken, "0" .. holder when another owner holds it: one bulk
+# string, the cheapest reply to read. The server clock is read only once the lock is known
+# to be free: a duplicate costs one HGET.
 ACQUIRE = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
-  return {0, cur}
+  return '0' .. cur
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -29,7 +30,7 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
-return {1, ARGV[1]}
+return '1' .. ARGV[1]
 """
 
 # START — the worker-side check before run.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +33,49 @@ from dedup_jobs.stores.base import (
 
 #: index entries examined per ZSCAN call when the admin searches
 SCAN_COUNT = 2000
+#: connections a store keeps out of the pool between decisions (more are handed back)
+MAX_IDLE = 8
+
+
+def _keepable_pools() -> tuple[type, ...]:
+    from redis import BlockingConnectionPool, ConnectionPool
+
+    return (ConnectionPool, BlockingConnectionPool)
+
+
+_KEEPABLE_POOLS = _keepable_pools()
+
+
+def _must_reconnect(conn: Any) -> bool:
+    """redis-py >= 6 marks a connection to be reconnected (server maintenance)."""
+    check = getattr(conn, "should_reconnect", None)
+    return bool(check()) if check is not None else False
+
+
+#: stores that may keep connections (weakly: a dropped store is not kept alive by this)
+_kept_by: weakref.WeakSet[RedisStore] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child the kept connections are the parent's sockets: forget them (never
+    close them: the parent still uses them). The pool itself resets on its own pid check."""
+    for store in list(_kept_by):
+        store._idle = []
+        store._ready = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _pack(sha: str, command: tuple[Any, ...]) -> bytes:
+    """``EVALSHA sha numkeys key... arg...`` in RESP. Every part is a str or an int (keys,
+    owner ids, milliseconds), written UTF-8 as redis-py's default encoder would."""
+    parts = [b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n" % (len(command) + 2, sha.encode())]
+    for item in command:
+        data = item if type(item) is bytes else str(item).encode()
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -65,6 +110,10 @@ class RedisStore(BaseStore):
         self._errors = _errors()
         self._no_script, self._transient, self._reply = _redis_errors()
         self._sha = dict(lua.SHA)
+        # connections kept between decisions (see _evalsha); set up by _keeping()
+        self._ready = False
+        self._idle: list[Any] = []
+        self._pool: Any = None
         # Settings are read once per store instance: get_store() drops its instances when
         # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
         self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
@@ -106,30 +155,73 @@ class RedisStore(BaseStore):
             raise StoreUnavailable(self.alias, exc) from exc
 
     def _evalsha(self, sha: str, command: tuple[Any, ...]) -> Any:
-        """One EVALSHA, written straight to a pooled connection: every decision is on the
-        dispatch path, and redis-py's per-command wrapper (retry bookkeeping, metrics hooks)
-        costs about as much as Redis takes to run the script. On a connection error the
-        connection is dropped and the command goes once more through ``execute_command`` and
-        redis-py's retry policy, as it would have without this fast path."""
+        """One EVALSHA on a connection this store keeps between decisions.
+
+        Every decision is on the dispatch path, and redis-py's per-command machinery (pool
+        lock, a "has the connection unread data" poll of the socket, metrics hooks, argument
+        encoding) costs more than Redis takes to run the script. So the store keeps up to
+        ``MAX_IDLE`` connections taken from the django-redis pool (they count as in use
+        there), packs the command itself and reads the reply with redis-py's parser. A
+        connection that fails mid-command is never reused; on a connection error the command
+        goes once more through ``execute_command`` and redis-py's retry policy, as it would
+        have without this fast path."""
         client = self.client
-        pool = getattr(client, "connection_pool", None)
-        if pool is None or getattr(client, "connection", None) is not None:
-            # a cluster client, or a single-connection client: the plain way
+        pool = self._keeping(client)
+        if pool is None:
+            # a cluster client, a single-connection client, client-side caching: the plain way
             return client.execute_command("EVALSHA", sha, *command)
-        conn = pool.get_connection()
+        idle = self._idle
         try:
-            conn.send_command("EVALSHA", sha, *command)
-            return conn.read_response()
+            conn = idle.pop()
+        except IndexError:
+            conn = pool.get_connection()
+        try:
+            conn.send_packed_command((_pack(sha, command),))
+            reply = conn.read_response()
         except self._transient:
             conn.disconnect()
+            pool.release(conn)
             return client.execute_command("EVALSHA", sha, *command)
         except self._reply:
-            raise  # the server answered: the connection is fine
+            self._put_back(pool, conn)  # the server answered: the connection is fine
+            raise
         except BaseException:
             conn.disconnect()  # interrupted mid-reply: never reuse a half-read connection
-            raise
-        finally:
             pool.release(conn)
+            raise
+        self._put_back(pool, conn)
+        return reply
+
+    def _keeping(self, client: Any) -> Any:
+        """The pool this store keeps connections of, or None when it should not (a pool kind
+        that routes connections itself, client-side caching, a single-connection client).
+        After a fork the kept connections are the parent's: _forget_after_fork() drops them
+        (a hook, not a getpid() per call: that is a system call on every decision)."""
+        if not self._ready:
+            self._ready = True
+            self._idle = []
+            _kept_by.add(self)
+            pool = getattr(client, "connection_pool", None)
+            keep = (
+                type(pool) in _KEEPABLE_POOLS
+                and getattr(pool, "cache", None) is None
+                and getattr(client, "connection", None) is None
+            )
+            self._pool = pool if keep else None
+        return self._pool
+
+    def _put_back(self, pool: Any, conn: Any) -> None:
+        if len(self._idle) < MAX_IDLE and not _must_reconnect(conn):
+            self._idle.append(conn)
+        else:
+            pool.release(conn)
+
+    def close(self) -> None:
+        """Hand the kept connections back to their pool (the store is being dropped)."""
+        idle, self._idle = self._idle, []
+        if self._pool is not None:
+            for conn in idle:
+                self._pool.release(conn)
 
     def _debounce_keys(self, key: JobKey) -> list[str]:
         physical = self.physical(key.key)
@@ -140,11 +232,11 @@ class RedisStore(BaseStore):
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
     ) -> Acquired:
-        ok, holder = self._call(
+        answer = _text(self._call(
             "ACQUIRE", key, owner, _ms(ttl), _ms(now), "1" if reentrant else "0",
             key.task_name, key.ident,
-        )
-        return Acquired(acquired=bool(ok), holder=_text(holder))
+        ))
+        return Acquired(acquired=answer[0] == "1", holder=answer[1:])
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
