@@ -113,6 +113,42 @@ def test_redis_index_lists_held_locks_without_keys(redis_client: Any) -> None:
     assert len(list(store.iter_locks())) == 4
 
 
+def _expired_entries(redis_client: Any, store: Any) -> int:
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    return int(redis_client.zcount(store.index_key(), "-inf", f"({now_ms}"))
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_index_entries_of_expired_locks_are_trimmed(redis_client: Any) -> None:
+    """S1: locks that expired without a release leave the index: every release trims it,
+    and acquires do now and then (about one in 16), so it stays bounded either way."""
+    import time
+
+    store = get_store("redis")
+    for n in range(20):
+        store.acquire(jobs.unique_sleep.job_key((f"short-{n}",), {}), f"o{n}", 0.001,
+                      now=clock.now())
+    time.sleep(0.05)
+    assert _expired_entries(redis_client, store) > 0  # acquires rarely trim (1 in 16)
+    key = jobs.unique_sleep.job_key(("released",), {})
+    store.acquire(key, "mine", 60, now=clock.now())
+    assert store.release(key, "mine")
+    assert _expired_entries(redis_client, store) == 0
+    # with no release at all, acquires trim too
+    for n in range(20):
+        store.acquire(jobs.unique_sleep.job_key((f"again-{n}",), {}), f"a{n}", 0.001,
+                      now=clock.now())
+    time.sleep(0.05)
+    for n in range(400):
+        store.acquire(jobs.unique_sleep.job_key((f"long-{n}",), {}), f"l{n}", 60,
+                      now=clock.now())
+        if _expired_entries(redis_client, store) == 0:
+            break
+    assert _expired_entries(redis_client, store) == 0
+
+
 listed_locks: list[Any] = []
 
 
