@@ -61,7 +61,6 @@ def _forget_after_fork() -> None:
     close them: the parent still uses them). The pool itself resets on its own pid check."""
     for store in list(_kept_by):
         store._idle = []
-        store._ready = False
 
 
 if hasattr(os, "register_at_fork"):
@@ -198,9 +197,8 @@ class RedisStore(BaseStore):
         After a fork the kept connections are the parent's: _forget_after_fork() drops them
         (a hook, not a getpid() per call: that is a system call on every decision)."""
         if not self._ready:
-            self._ready = True
-            self._idle = []
-            _kept_by.add(self)
+            # Idempotent: threads racing here compute the same answer, and the list of kept
+            # connections (made in __init__) is never replaced but by the fork hook.
             pool = getattr(client, "connection_pool", None)
             keep = (
                 type(pool) in _KEEPABLE_POOLS
@@ -208,6 +206,8 @@ class RedisStore(BaseStore):
                 and getattr(client, "connection", None) is None
             )
             self._pool = pool if keep else None
+            _kept_by.add(self)
+            self._ready = True
         return self._pool
 
     def _put_back(self, pool: Any, conn: Any) -> None:
