@@ -184,9 +184,15 @@ def test_dropping_the_store_hands_its_connections_back(redis_client: Any) -> Non
         assert again is kept
     finally:
         pool.release(again)
+    # a dropped store still answers (a caller may hold it), but keeps nothing any more
+    assert store.get(key) is not None
+    other = jobs.unique_sleep.job_key(("after-close",), {})
+    assert store.acquire(other, "late", 60, now=clock.now()).acquired
+    assert store._idle == []
     with override_settings(DEDUP_JOBS={"STORE": "redis"}):
         assert _store() is not store
         assert _store().release(key, owner)
+        assert _store().release(other, "late")
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -113,6 +113,7 @@ class RedisStore(BaseStore):
         self._ready = False
         self._idle: list[Any] = []
         self._pool: Any = None
+        self._closed = False
         # Settings are read once per store instance: get_store() drops its instances when
         # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
         self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
@@ -169,9 +170,8 @@ class RedisStore(BaseStore):
         if pool is None:
             # a cluster client, a single-connection client, client-side caching: the plain way
             return client.execute_command("EVALSHA", sha, *command)
-        idle = self._idle
         try:
-            conn = idle.pop()
+            conn = self._idle.pop()
         except IndexError:
             conn = pool.get_connection()
         try:
@@ -211,13 +211,15 @@ class RedisStore(BaseStore):
         return self._pool
 
     def _put_back(self, pool: Any, conn: Any) -> None:
-        if len(self._idle) < MAX_IDLE and not _must_reconnect(conn):
+        if not self._closed and len(self._idle) < MAX_IDLE and not _must_reconnect(conn):
             self._idle.append(conn)
         else:
             pool.release(conn)
 
     def close(self) -> None:
-        """Hand the kept connections back to their pool (the store is being dropped)."""
+        """Hand the kept connections back to their pool (the store is being dropped); a
+        decision still under way on another thread hands its connection back when done."""
+        self._closed = True
         idle, self._idle = self._idle, []
         if self._pool is not None:
             for conn in idle:
