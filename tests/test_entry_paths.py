@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import celery
 import pytest
 from celery import chain, chord, group, states
 from celery.exceptions import TaskRevokedError
@@ -39,6 +40,17 @@ from tests.settings_guard import DEAD_CACHE
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.worker]
+
+CELERY_5_5 = celery.VERSION[:2] < (5, 6)
+#: Celery 5.5 features the tests below rely on (docs/versions.md, "Celery 5.5")
+NEEDS_CELERY_5_6_CHORD = pytest.mark.skipif(
+    CELERY_5_5,
+    reason="Celery 5.5 applies a chord body without its chord's group id, so a body whose key "
+    "is held cannot be told from a frozen signature at dispatch (docs/versions.md)",
+)
+NEEDS_RETRY_ON_WORKER_LOST = pytest.mark.skipif(
+    CELERY_5_5, reason="Task.retry_on_worker_lost is new in Celery 5.6"
+)
 
 #: LEASE_SECONDS of the module's worker: long enough that "released at once" (within 2 s)
 #: can never be the lease running out.
@@ -236,6 +248,7 @@ def test_chord_header(broker: str) -> None:
     assert runs_of(f"{t}:body") == ["[1, None, 2]"]
 
 
+@NEEDS_CELERY_5_6_CHORD
 def test_chord_body(broker: str) -> None:
     """W2/W3 chord body: a body whose key another copy holds is skipped at the worker and is
     SUCCESS/None, so the chord result is ready; the body ran only as the holder."""
@@ -530,6 +543,7 @@ def test_pool_process_killed_releases(broker: str) -> None:
     assert time.time() < held.expires_at - 2, "the lock expired instead of being released"
 
 
+@NEEDS_RETRY_ON_WORKER_LOST
 def test_retry_on_worker_lost_is_not_swallowed(broker: str) -> None:
     """U4: with retry_on_worker_lost, the retry Celery publishes after the pool process dies
     (same task id) is not deduplicated against the dead run's lock: it runs, succeeds and

@@ -14,18 +14,28 @@ from pathlib import Path
 from typing import Any
 
 from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
 def thread_worker(app: Any, *, pool: str = "solo", concurrency: int = 1) -> Iterator[Any]:
-    """A worker running in a thread of the test process, consuming the test queue."""
-    with start_worker(
-        app, pool=pool, concurrency=concurrency, perform_ping_check=False,
-        shutdown_timeout=30, loglevel="WARNING",
-    ) as worker:
-        yield worker
+    """A worker running in a thread of the test process, consuming the test queue.
+
+    Each one gets its own event loop: Celery's Hub bootstep reuses a process-global loop
+    whose timer belongs to the worker that made it, and on Celery 5.5 a later worker's
+    countdown/ETA messages then never fire (kombu's ``set_event_loop(None)`` between workers
+    is what a new process would start with)."""
+    set_event_loop(None)
+    try:
+        with start_worker(
+            app, pool=pool, concurrency=concurrency, perform_ping_check=False,
+            shutdown_timeout=30, loglevel="WARNING",
+        ) as worker:
+            yield worker
+    finally:
+        set_event_loop(None)
 
 
 @contextmanager
