@@ -97,7 +97,7 @@ def _load_scripts(contender: Contender) -> None:
     one more round trip, SCRIPT LOAD, and none after)."""
     if contender.family not in ("dedup", "debounce"):
         return
-    from dedup_jobs.stores import lua
+    from dedup_jobs.stores.redis import scripts as lua
 
     client = contender.task.store().client
     for name in lua.SHA:

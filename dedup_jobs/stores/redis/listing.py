@@ -1,0 +1,204 @@
+"""Reading a Redis store: one lock or burst, every lock or burst by index, admin pages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import QUEUED, DebounceState, LockInfo, Page, decode_call
+from dedup_jobs.stores.redis.connection import _text
+
+#: index entries examined per ZSCAN call when the admin searches
+SCAN_COUNT = 2000
+
+
+class RedisListing:
+    """The reading half of :class:`~dedup_jobs.stores.redis.store.RedisStore`."""
+
+    alias: str
+    client: Any
+    _errors: tuple[type[BaseException], ...]
+
+    def physical(self, key: str) -> str:
+        raise NotImplementedError
+
+    def index_key(self) -> str:
+        raise NotImplementedError
+
+    def debounce_index_key(self) -> str:
+        raise NotImplementedError
+
+    def _debounce_state(self, physical: str, fields: dict[bytes, bytes]) -> DebounceState | None:
+        if not fields or b"message" not in fields:
+            return None
+        data = {_text(k): _text(v) for k, v in fields.items()}
+        args, kwargs = decode_call(data["payload"])
+        run_at = int(data["run_at"]) / 1000
+        deadline = int(data["deadline"]) / 1000 if data.get("deadline") else None
+        prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:debounce:")
+        return DebounceState(
+            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            task_name=data.get("task", ""), ident=data.get("id", ""),
+            count=int(data.get("count", "1")),
+            first_dispatch_at=int(data["first"]) / 1000,
+            last_dispatch_at=int(data["last"]) / 1000,
+            runs_at=run_at if deadline is None else min(run_at, deadline),
+            deadline=deadline, message_id=data["message"], latest_id=data["latest"],
+            args=args, kwargs=kwargs, store=self.alias,
+        )
+
+    def get_debounce(self, key: JobKey) -> DebounceState | None:
+        physical = self.physical(key.key)
+        try:
+            return self._debounce_state(physical, self.client.hgetall(physical))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
+        """Walk the debounce index, soonest due first, ``batch_size`` per pipelined read."""
+        yield from self._walk(self.debounce_index_key(), batch_size, self._debounce_state)
+
+    def _walk(self, index: str, batch_size: int, parse: Any) -> Iterator[Any]:
+        start = 0
+        try:
+            while True:
+                members = self.client.zrange(index, start, start + batch_size - 1)
+                if not members:
+                    return
+                pipe = self.client.pipeline(transaction=False)
+                for member in members:
+                    pipe.hgetall(member)
+                for member, fields in zip(members, pipe.execute(), strict=True):
+                    item = parse(_text(member), fields)
+                    if item is not None:
+                        yield item
+                start += batch_size
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    # -- reading ------------------------------------------------------------------------
+    def _info(self, physical: str, fields: dict[bytes, bytes]) -> LockInfo | None:
+        if not fields or b"owner" not in fields:
+            return None
+        data = {_text(k): _text(v) for k, v in fields.items()}
+        prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:unique:")
+        return LockInfo(
+            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            task_name=data.get("task", ""),
+            ident=data.get("id", ""),
+            owner=data["owner"],
+            state=data.get("state", QUEUED),
+            acquired_at=int(data.get("acquired", "0")) / 1000,
+            expires_at=int(data["expires"]) / 1000 if "expires" in data else None,
+            store=self.alias,
+        )
+
+    def get(self, key: JobKey) -> LockInfo | None:
+        physical = self.physical(key.key)
+        try:
+            return self._info(physical, self.client.hgetall(physical))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
+        """Every held lock, ``batch_size`` index entries per ZSCAN and one pipelined read of
+        their hashes. ZSCAN's cursor survives deletions, so callers may release as they go
+        (a lock may, rarely, be yielded twice while Redis rehashes the index)."""
+        index = self.index_key()
+        cursor = 0
+        try:
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, count=batch_size)
+                yield from self._read([member for member, _score in entries])
+                if cursor == 0:
+                    return
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+    def _read(self, members: list[Any], parse: Any = None) -> list[Any]:
+        """The hashes at ``members`` (physical keys), parsed, in one pipelined round trip."""
+        if not members:
+            return []
+        parse = parse or self._info
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            pipe.hgetall(member)
+        answers = pipe.execute()
+        items = (parse(_text(m), fields) for m, fields in zip(members, answers, strict=True))
+        return [item for item in items if item is not None]
+
+    def lock_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[LockInfo]:
+        return self._page(self.index_key(), "unique", self._info, offset=offset, limit=limit,
+                          task_name=task_name, search=search, min_score=int(now * 1000))
+
+    def debounce_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[DebounceState]:
+        return self._page(self.debounce_index_key(), "debounce", self._debounce_state,
+                          offset=offset, limit=limit, task_name=task_name, search=search,
+                          min_score=None)
+
+    def _page(self, index: str, kind: str, parse: Any, *, offset: int, limit: int,
+              task_name: str, search: str, min_score: int | None) -> Page[Any]:
+        """Without a filter: count and range of the index by score in one pipeline, then one
+        pipelined read of the page. With a job or a search: ZSCAN MATCH over the index
+        (server-side filtering, never KEYS), stopping as soon as the page is full.
+        ``min_score`` leaves out entries that expired (locks are scored by expiry)."""
+        low: Any = "-inf" if min_score is None else min_score
+        try:
+            if not task_name and not search:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.zcount(index, low, "+inf")
+                pipe.zrangebyscore(index, low, "+inf", start=offset, num=limit)
+                total, members = pipe.execute()
+                return Page(items=self._read(members, parse), total=int(total),
+                            has_more=offset + limit < int(total))
+            pattern = glob_escape(self.physical(f"{app_settings.KEY_PREFIX}:{kind}:"))
+            pattern += glob_escape(f"{task_name}:") if task_name else ""
+            pattern += f"*{glob_icase(search)}*" if search else "*"
+            matches: list[tuple[bytes, float]] = []
+            seen: set[bytes] = set()
+            cursor = 0
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, match=pattern,
+                                                    count=SCAN_COUNT)
+                for member, score in entries:
+                    if (min_score is None or score >= min_score) and member not in seen:
+                        seen.add(member)
+                        matches.append((member, score))
+                if cursor == 0 or len(matches) > offset + limit:
+                    break
+            page = sorted(matches[offset:offset + limit], key=lambda entry: entry[1])
+            items = self._read([member for member, _score in page], parse)
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+        return Page(items=items, total=len(matches) if cursor == 0 else None,
+                    has_more=len(matches) > offset + limit)
+
+    def trim_index(self) -> int:
+        """Drop index entries of locks that expired (their keys are gone already)."""
+        try:
+            seconds, micros = self.client.time()  # the server's clock, as the scripts use
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            return int(self.client.zremrangebyscore(self.index_key(), "-inf", f"({now_ms}"))
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by a Redis glob pattern (MATCH)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def glob_icase(text: str) -> str:
+    """``text`` as a case-insensitive Redis glob: letters become ``[aA]`` classes."""
+    return "".join(
+        f"[{c.lower()}{c.upper()}]" if c.isascii() and c.isalpha() else glob_escape(c)
+        for c in text
+    )

@@ -1,0 +1,119 @@
+"""The Redis store: one EVALSHA per decision (scripts in ``scripts.py``), an index of held
+locks. Where a lock is taken: :meth:`RedisStore.acquire`; checked by the worker:
+:meth:`RedisStore.start`; released: :meth:`RedisStore.release`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.cache import caches
+
+from dedup_jobs.conf import app_settings
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import (
+    CLAIMED,
+    DUE_TOLERANCE,
+    MISSING,
+    OTHER,
+    WAIT,
+    Acquired,
+    BaseStore,
+    Debounced,
+    Due,
+    Started,
+    decode_call,
+)
+from dedup_jobs.stores.redis.connection import RedisConnection, _text
+from dedup_jobs.stores.redis.listing import RedisListing
+
+
+class RedisStore(RedisListing, RedisConnection, BaseStore):
+    """Locks on a django-redis cache (``django_redis.cache.RedisCache``)."""
+
+    can_list = True
+
+    def __init__(self, alias: str) -> None:
+        super().__init__(alias)
+        self.cache: Any = caches[alias]
+        self._init_connection()
+        # Settings are read once per store instance: get_store() drops its instances when
+        # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
+        self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
+        self._debounce_index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:debounce")
+
+    def physical(self, key: str) -> str:
+        return str(self.cache.make_key(key))
+
+    def index_key(self) -> str:
+        return self._index_key
+
+    def debounce_index_key(self) -> str:
+        return self._debounce_index_key
+
+    def _call(self, name: str, key: JobKey, *args: Any) -> Any:
+        return self._eval(name, [self.physical(key.key), self._index_key], args)
+
+    def _debounce_keys(self, key: JobKey) -> list[str]:
+        physical = self.physical(key.key)
+        return [physical, f"{physical}:ids", self.debounce_index_key()]
+
+    # -- decisions ----------------------------------------------------------------------
+
+    def acquire(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+    ) -> Acquired:
+        answer = _text(self._call(
+            "ACQUIRE", key, owner, _ms(ttl), _ms(now), "1" if reentrant else "0",
+            key.task_name, key.ident,
+        ))
+        return Acquired(acquired=answer[0] == "1", holder=answer[1:])
+
+    def start(
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+    ) -> Started:
+        ok, what = self._call(
+            "START", key, owner, _ms(lease), _ms(now), "1" if release else "0",
+            key.task_name, key.ident,
+        )
+        if not ok:
+            return Started(run=False, holder=_text(what))
+        what = _text(what)
+        return Started(run=True, holder=None, took=what == "taken", released=what == "released")
+
+    def release(self, key: JobKey, owner: str) -> bool:
+        return bool(self._call("RELEASE", key, owner))
+
+    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
+        return bool(self._call("RENEW", key, owner, _ms(ttl), _ms(now)))
+
+    # -- debounce -----------------------------------------------------------------------
+
+    def debounce(
+        self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
+        max_wait: float | None, ttl: float,
+    ) -> Debounced:
+        new, message, superseded = self._eval("DEBOUNCE", self._debounce_keys(key), (
+            task_id, payload, _ms(now), _ms(debounce_for),
+            "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
+        ))
+        return Debounced(new=bool(new), message_id=_text(message),
+                         superseded=_text(superseded) or None)
+
+    def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
+        answer = self._eval("CLAIM", self._debounce_keys(key),
+                            (message_id, _ms(now), int(DUE_TOLERANCE * 1000)))
+        action = _text(answer[0])
+        if action == CLAIMED:
+            args, kwargs = decode_call(answer[2])
+            return Due(action=CLAIMED, latest_id=_text(answer[1]), args=args, kwargs=kwargs,
+                       absorbed=tuple(_text(i) for i in answer[3]))
+        if action == WAIT:
+            return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
+        return Due(action=OTHER if action == OTHER else MISSING)
+
+    def release_queued(self, key: JobKey, owner: str) -> bool:
+        return bool(self._call("RELEASE_QUEUED", key, owner))
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
