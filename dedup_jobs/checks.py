@@ -30,7 +30,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     for name in sorted(set(raw) - set(DEFAULTS)):
         errors.append(_error(2, f"DEDUP_JOBS has an unknown key {name!r}.",
                              f"Known keys: {', '.join(sorted(DEFAULTS))}."))
-    for name in ("DEFAULT_UNIQUE_FOR", "LEASE_SECONDS"):
+    for name in ("DEFAULT_UNIQUE_FOR", "LEASE_SECONDS", "STORE_TIMEOUT"):
         value = raw.get(name, DEFAULTS[name])
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} is not a number of "
@@ -77,7 +77,7 @@ def registered_jobs() -> list[Any]:
 
 
 def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from dedup_jobs.stores import store_class_for
+    from dedup_jobs.stores import REDIS_BACKENDS, store_class_for
     from dedup_jobs.stores.cache import LOCAL_BACKEND, NON_ATOMIC_BACKENDS
 
     messages: list[checks.CheckMessage] = []
@@ -97,12 +97,32 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                                         f"is not atomic: two dispatches racing for one key can "
                                         f"both publish.", "Use django-redis or the 'database' "
                                         "store for locks that must hold under concurrency."))
+        elif backend in REDIS_BACKENDS:
+            messages.extend(_check_socket_timeout(alias, caches[alias], who))
         elif backend == LOCAL_BACKEND:
             messages.append(_warning(2, f"dedup_jobs store {alias!r} (LocMemCache, used by "
                                         f"{who}) keeps locks inside one process: workers and "
                                         f"web processes do not see each other's locks.",
                                      "Use django-redis or the 'database' store in production."))
     return messages
+
+
+def _check_socket_timeout(alias: str, cache: dict[str, Any], who: str) -> list[Any]:
+    """W005 (S8): the cache's own operations can wait longer than a dedup_jobs decision may.
+    The store bounds its own calls by STORE_TIMEOUT whatever the cache says."""
+    from dedup_jobs.conf import app_settings
+
+    timeout = (cache.get("OPTIONS") or {}).get("SOCKET_TIMEOUT")
+    limit = app_settings.STORE_TIMEOUT
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= limit:
+        return []
+    said = "sets no SOCKET_TIMEOUT" if timeout is None else f"sets SOCKET_TIMEOUT = {timeout!r}"
+    return [_warning(5, f"CACHES[{alias!r}] (used by {who}) {said}: its own cache calls can "
+                        f"wait longer than DEDUP_JOBS['STORE_TIMEOUT'] = {limit!r} s. dedup_jobs "
+                        f"bounds its decisions by STORE_TIMEOUT on a connection of its own.",
+                     f"Set CACHES[{alias!r}]['OPTIONS']['SOCKET_TIMEOUT'] (and "
+                     f"SOCKET_CONNECT_TIMEOUT) to at most {limit!r}, so that the cache's own "
+                     f"calls fail as fast.")]
 
 
 def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -22,6 +22,9 @@ DEFAULTS: dict[str, Any] = {
     # "raise": a dispatch while the store is down raises StoreUnavailable.
     # "enqueue": it publishes without a lock and logs a warning.
     "ON_STORE_ERROR": "raise",
+    # Seconds a store call may take in all (S8), also when the cache sets no socket timeout:
+    # past it the call is StoreUnavailable, and whatever it may have left is cleaned up.
+    "STORE_TIMEOUT": 5.0,
     # The database alias the "database" store writes to.
     "DATABASE_ALIAS": "default",
     # Show job arguments in the admin (escaped and truncated).
@@ -71,6 +74,10 @@ class AppSettings:
     @property
     def ON_STORE_ERROR(self) -> str:
         return str(self._get("ON_STORE_ERROR"))
+
+    @property
+    def STORE_TIMEOUT(self) -> float:
+        return float(self._get("STORE_TIMEOUT"))
 
     @property
     def DATABASE_ALIAS(self) -> str:

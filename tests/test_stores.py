@@ -239,17 +239,49 @@ def test_worker_start_decides_by_owner(store_name: str) -> None:
     store = jobs.unique_sleep.store()
     key = jobs.unique_sleep.job_key((1,), {})
     now = clock.now()
-    free = store.start(key, "a", 30, now=now, release=False)
+    free = store.start(key, "a", 30, now=now, release=False, delivery="d1")
     assert free.run and free.took
     lock = store.get(key)
     assert lock is not None and lock.owner == "a" and lock.state == "running"
-    again = store.start(key, "a", 30, now=now, release=False)
-    assert again.run and not again.took
-    other = store.start(key, "b", 30, now=now, release=False)
-    assert not other.run and other.holder == "a"
-    released = store.start(key, "a", 30, now=now, release=True)
+    other = store.start(key, "b", 30, now=now, release=False, delivery="d3")
+    assert not other.run and other.holder == "a" and not other.live
+    released = store.start(key, "a", 30, now=now, release=True, delivery="d4")
     assert released.run and released.released
     assert store.get(key) is None
+
+
+def test_worker_start_holds_a_queued_lock(store_name: str) -> None:
+    """W1: the dispatch's own message runs under its lock (held, not taken)."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    assert store.acquire(key, "a", 30, now=clock.now()).acquired
+    held = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d1")
+    assert held.run and not held.took and not held.live
+
+
+def test_worker_start_resent_answers_as_first(store_name: str) -> None:
+    """S7: the same delivery's start sent again (a lost reply) answers as the first did."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    first = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d1")
+    again = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d1")
+    assert (again.run, again.took, again.live) == (first.run, first.took, first.live) == (
+        True, True, False)
+
+
+def test_second_delivery_of_a_running_message_is_live(store_name: str) -> None:
+    """W5: another delivery of a message whose run lives does not run; the lock is kept."""
+    store = jobs.unique_sleep.store()
+    key = jobs.unique_sleep.job_key((1,), {})
+    assert store.start(key, "a", 30, now=clock.now(), release=False, delivery="d1").run
+    second = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d2")
+    assert not second.run and second.live and second.holder == "a"
+    lock = store.get(key)
+    assert lock is not None and lock.owner == "a" and lock.state == "running"
+    # once the first run released, a delivery of the same id takes the free lock again
+    assert store.release(key, "a")
+    third = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d2")
+    assert third.run and third.took
 
 
 @pytest.mark.redis

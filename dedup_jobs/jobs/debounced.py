@@ -26,6 +26,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
+from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.base import CLAIMED, WAIT, BaseStore, encode_call
@@ -37,6 +38,14 @@ STATE_GRACE = 3600.0
 #: header flags of a message that already owns its burst (a retry of the claimed run)
 CLAIMED_FLAG = "claimed"
 ABSORBED = "absorbed"
+
+#: header field: how many times the burst's message was put off because its claim failed
+CLAIM_TRIES = "claim_tries"
+#: a message whose claim fails (store unavailable) is put off this often, this many seconds
+#: each time, before it runs as published (W4): the claim is idempotent (S7), so the next
+#: try gets the burst's latest arguments even if the failed one ran in the store
+MAX_CLAIM_TRIES = 3
+CLAIM_RETRY_SECONDS = 1.0
 
 #: options that put a dispatch inside a canvas: such a dispatch is published as it is
 CANVAS_OPTIONS = ("chain", "group_id", "chord")
@@ -120,6 +129,10 @@ class DebouncedJob(DedupJob):
             )
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
+                # S7: the dispatch may have started a burst (a lost reply): undo it.
+                rollbacks.add(f"debounce burst {key.key} of never-published task {task_id}",
+                              lambda: self._drop_burst(store, key, task_id),
+                              lifetime=STATE_GRACE)
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without debouncing "
@@ -150,17 +163,20 @@ class DebouncedJob(DedupJob):
 
     def _abandon(self, store: BaseStore, key: JobKey, message_id: str) -> None:
         """Publishing the burst's message failed: drop its state, so that the next dispatch
-        starts a burst that does get a message."""
+        starts a burst that does get a message (later, if the store cannot answer now)."""
         try:
-            due = store.claim_due(key, message_id, now=clock.now() + 10 * STATE_GRACE)
+            self._drop_burst(store, key, message_id)
         except StoreUnavailable:
-            logger.warning(
-                "%s: could not drop the state of unpublished burst %s",
-                self.name,
-                key.key,
-                exc_info=True,
-            )
-            return
+            rollbacks.add(f"debounce burst {key.key} of never-published task {message_id}",
+                          lambda: self._drop_burst(store, key, message_id),
+                          lifetime=STATE_GRACE)
+
+    def _drop_burst(self, store: BaseStore, key: JobKey, message_id: str) -> bool:
+        """Drop the burst whose message ``message_id`` was never published (True if there
+        was one); the dispatches it absorbed end REVOKED, so no caller waits forever."""
+        due = store.claim_due(key, message_id, now=clock.now() + 10 * STATE_GRACE)
+        if due.action != CLAIMED:
+            return False
         lost = [i for i in due.absorbed if i != message_id]
         if lost:
             logger.warning(
@@ -170,6 +186,11 @@ class DebouncedJob(DedupJob):
                 key.key,
                 lost,
             )
+            if not self.ignore_result:
+                reason = f"debounce burst dropped: its message {message_id} was never published"
+                for task_id in lost:
+                    self.backend.mark_as_revoked(task_id, reason=reason)
+        return True
 
     def cancel_burst(self, message_id: str, header: dict[str, Any]) -> None:
         """The burst's message was revoked or expired: the burst is cancelled. Its state goes
@@ -221,6 +242,13 @@ class DebouncedJob(DedupJob):
         try:
             due = self.store(alias).claim_due(key, owner, now=clock.now())
         except StoreUnavailable:
+            tries = int(header.get(CLAIM_TRIES) or 0)
+            if tries < MAX_CLAIM_TRIES:
+                logger.warning(
+                    "%s[%s]: store %r unavailable at the debounce check; trying again in "
+                    "%.1fs.", self.name, owner, alias, CLAIM_RETRY_SECONDS, exc_info=True)
+                self._reschedule(args, kwargs, {**header, CLAIM_TRIES: tries + 1},
+                                 clock.now() + CLAIM_RETRY_SECONDS)
             logger.warning(
                 "%s[%s]: store %r unavailable at the debounce check; running.",
                 self.name,

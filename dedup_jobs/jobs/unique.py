@@ -4,6 +4,9 @@ Where the lock is taken: :meth:`UniqueJob.apply_async` (dispatch, one store call
 Where the worker checks: :meth:`UniqueJob.__call__` → ``store.start`` (one store call).
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
+Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``jobs/rollback.py``).
+Where a second delivery of a running message waits or is dropped (W5):
+:meth:`UniqueJob._redelivery`.
 """
 
 from __future__ import annotations
@@ -13,15 +16,21 @@ from typing import Any, ClassVar
 from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
+from celery.states import READY_STATES
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
+from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
-from dedup_jobs.stores.base import BaseStore
+from dedup_jobs.stores.base import BaseStore, new_request_id
+
+#: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
+#: carries on whether the broker had marked the copy redelivered
+REDELIVERED = "redelivered"
 
 ON_DUPLICATE_CHOICES = ("return", "raise")
 
@@ -110,6 +119,8 @@ class UniqueJob(DedupJob):
             answer = store.acquire(key, task_id, ttl, now=now)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
+                # S7: the acquire may have reached the store (a lost reply): undo it.
+                undo_lock(self, store, key, task_id, ttl)
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without a lock "
@@ -130,7 +141,10 @@ class UniqueJob(DedupJob):
             result = self._publish(args, kwargs, task_id, key, alias, options)
         except BaseException:
             # U6: never a lock with nothing queued.
-            store.release(key, task_id)
+            try:
+                store.release(key, task_id)
+            except StoreUnavailable:
+                undo_lock(self, store, key, task_id, ttl)
             raise
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
         result.deduplicated = False  # type: ignore[attr-defined]
@@ -144,10 +158,14 @@ class UniqueJob(DedupJob):
         key: JobKey,
         alias: str,
         options: dict[str, Any],
+        extra: dict[str, Any] | None = None,
     ) -> AsyncResult[Any]:
         """Celery's apply_async, with the dedup header the worker-side check reads (built
         only for a message that is published: a duplicate never needs it)."""
-        options = self.with_header(options, key.as_header(alias))
+        header = key.as_header(alias)
+        if extra:
+            header.update(extra)
+        options = self.with_header(options, header)
         return super().apply_async(args, kwargs, task_id, **options)
 
     def _try_acquire(
@@ -211,8 +229,14 @@ class UniqueJob(DedupJob):
             return self.run(*args, **kwargs)
         store = self.store(alias)
         lease = app_settings.LEASE_SECONDS
+        redelivered = _redelivered(request, header)
+        if redelivered and self._finished(owner):
+            # W5: the first delivery ran to its end; this copy is dropped, its result kept.
+            logger.info("%s[%s]: redelivered copy of a finished run dropped.", self.name, owner)
+            raise Ignore()
         try:
-            started = store.start(key, owner, lease, now=clock.now(), release=self.release_on_start)
+            started = store.start(key, owner, lease, now=clock.now(),
+                                  release=self.release_on_start, delivery=new_request_id())
         except StoreUnavailable:
             logger.warning(
                 "%s[%s]: store %r unavailable at the worker check; running.",
@@ -228,6 +252,8 @@ class UniqueJob(DedupJob):
                 # a no-op if it is gone or another owner's) so it does not outlive the run.
                 if not self.release_on_start:
                     self._finish(store, key, owner, alias, "success")
+        if started.live:
+            return self._redelivery(args, kwargs, key, alias, redelivered)
         if not started.run:
             return self._skip(key, str(started.holder))
         if started.took:
@@ -249,7 +275,12 @@ class UniqueJob(DedupJob):
             except Retry:
                 raise  # the retry was published with the lock kept for it
             except Reject as exc:
-                if not getattr(exc, "requeue", False):
+                if getattr(exc, "requeue", False):
+                    # The requeued message runs next: mark the lock queued again, so that its
+                    # delivery is not taken for a second copy of a live run (W5).
+                    self._try_acquire(store, key, owner, self.lock_ttl(), clock.now(),
+                                      reentrant=True)
+                else:
                     self._finish(store, key, owner, alias, "failure")
                 raise
             except Ignore:
@@ -300,6 +331,42 @@ class UniqueJob(DedupJob):
             return
         self._finish(self.store(alias), key, owner, alias, "failure")
 
+    def _finished(self, task_id: str) -> bool:
+        """W5: has a run of ``task_id`` ended (its result is ready)? Asked only of a copy the
+        broker marked redelivered; without a result (``ignore_result``, no backend) nobody
+        can tell, and the copy goes on to the lock check (at least once)."""
+        if self.ignore_result:
+            return False
+        try:
+            return self.AsyncResult(task_id).state in READY_STATES
+        except Exception:
+            logger.warning("%s[%s]: could not read the result of the redelivered message.",
+                           self.name, task_id, exc_info=True)
+            return False
+
+    def _redelivery(
+        self, args: Any, kwargs: Any, key: JobKey, alias: str, redelivered: bool
+    ) -> Any:
+        """W5: another delivery of this very message is running (its lease keeps the lock
+        alive). This copy never runs beside it: it is published again (same task id) to be
+        checked once more after a third of the lease, and this delivery ends without a
+        result. After the first run ends, the copy is dropped (it was a broker redelivery)
+        or runs (a fresh publish of the same id); if the first run's worker died, its lock
+        expires and the copy runs."""
+        request = self.request
+        countdown = app_settings.LEASE_SECONDS / 3
+        logger.warning(
+            "%s[%s]: another delivery of this message is running; this copy waits %.1fs.",
+            self.name, request.id, countdown)
+        signature = self.signature_from_request(request, args, kwargs, countdown=countdown)
+        options = dict(signature.options)
+        options.pop("task_id", None)
+        options.pop("eta", None)
+        options.pop("headers", None)
+        self._publish(args, kwargs, str(request.id), key, alias,
+                      {**options, "countdown": countdown}, extra={REDELIVERED: redelivered})
+        raise Ignore()
+
     def _skip(self, key: JobKey, holder: str) -> Any:
         """W3: another owner holds the lock; this message's body does not run."""
         request = self.request
@@ -336,6 +403,32 @@ class UniqueJob(DedupJob):
                 reason=f"an earlier link of its chain ({request.id}) was skipped: {reason}",
                 request=context,
             )
+
+
+def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float) -> None:
+    """S7: the dispatch of ``owner`` failed with StoreUnavailable, maybe after its acquire ran
+    (a lost reply): remove that lock by compare-and-delete as soon as the store answers, and
+    mark ``owner`` REVOKED if a lock was there (a duplicate may have been deduplicated onto
+    it meanwhile: its caller's ``.get()`` must return)."""
+
+    def undo() -> bool:
+        if not store.release(key, owner):
+            return False
+        if not job.ignore_result:
+            job.backend.mark_as_revoked(
+                owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
+                              f"unavailable); its lock {key.key} was removed")
+        return True
+
+    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl)
+
+
+def _redelivered(request: Any, header: dict[str, Any] | None) -> bool:
+    """The broker marked this delivery redelivered, or it is a copy that waited for its
+    first delivery's run and carries that mark on (W5)."""
+    if header is not None and header.get(REDELIVERED):
+        return True
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
 class UniqueUntilProcessingJob(UniqueJob):

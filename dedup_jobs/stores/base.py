@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Started:
     holder: str | None  # the other owner when run is False
     took: bool = False  # the lock was free and the caller now holds it
     released: bool = False  # release=True and the caller's lock was deleted
+    live: bool = False  # W5: another delivery of the same message is running (its lease lives)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +92,15 @@ class Debounced:
 
 #: seconds: a debounce message whose timer fires this much before the burst is due runs
 DUE_TOLERANCE = 0.025
+
+#: seconds a claimed burst's record is kept, so that a re-sent claim of the same message (a
+#: lost reply, a worker that retries the claim) gets the same answer (S7)
+CLAIM_RECORD_SECONDS = 600.0
+
+
+def new_request_id() -> str:
+    """A random id for one store request, so that a re-send of it is known (S7)."""
+    return os.urandom(12).hex()
 
 CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
 WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
@@ -149,11 +160,14 @@ class BaseStore(ABC):
 
     @abstractmethod
     def start(
-        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
+        delivery: str | None = None,
     ) -> Started:
         """The worker-side check before ``run``. Held by another owner: don't run. Held by
         ``owner`` or free: run, and either mark the lock running for ``lease`` seconds
-        (taking it if free) or, with ``release``, delete ``owner``'s lock."""
+        (taking it if free) or, with ``release``, delete ``owner``'s lock. ``delivery`` names
+        this delivery of the message (a nonce): ``owner``'s lock already running under
+        another delivery answers ``live`` (W5) and is left as it is."""
 
     @abstractmethod
     def release(self, key: JobKey, owner: str) -> bool:

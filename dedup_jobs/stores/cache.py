@@ -91,25 +91,33 @@ class CacheStore(BaseStore):
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     def start(
-        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
+        delivery: str | None = None,
     ) -> Started:
+        delivery = delivery or uuid()
         current = self.cache.get(key.key)
         if current is not None and current["owner"] != owner:
             return Started(run=False, holder=str(current["owner"]))
+        if (not release and current is not None and current["state"] == RUNNING
+                and current.get("run", delivery) != delivery):
+            return Started(run=False, holder=owner, live=True)  # W5: another delivery runs
         if release:
             if current is not None:
                 self.cache.delete(key.key)
                 return Started(run=True, holder=None, released=True)
             return Started(run=True, holder=None)
         if current is None:
-            value = self._value(key, owner, RUNNING, now, lease)
+            value = {**self._value(key, owner, RUNNING, now, lease), "run": delivery,
+                     "took": True}
             if not self.cache.add(key.key, value, lease):
                 # Somebody took it in between: decide again on what is there now.
-                return self.start(key, owner, lease, now=now, release=release)
+                return self.start(key, owner, lease, now=now, release=release,
+                                  delivery=delivery)
             return Started(run=True, holder=None, took=True)
+        took = current.get("run") == delivery and bool(current.get("took"))  # a re-send (S7)
         value = self._value(key, owner, RUNNING, now, lease, acquired=current["acquired"])
-        self.cache.set(key.key, value, lease)
-        return Started(run=True, holder=None)
+        self.cache.set(key.key, {**value, "run": delivery, "took": took}, lease)
+        return Started(run=True, holder=None, took=took)
 
     def release(self, key: JobKey, owner: str) -> bool:
         current = self.cache.get(key.key)

@@ -43,16 +43,22 @@ ON CONFLICT ("key") DO UPDATE SET
   acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
                      WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
   expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
-  nonce = CASE WHEN {keep} THEN 'held-' || EXCLUDED.nonce
+  nonce = CASE WHEN {keep} AND {t}.nonce = EXCLUDED.nonce THEN {t}.nonce
+               WHEN {keep} THEN 'held-' || EXCLUDED.nonce
                WHEN {cond} THEN EXCLUDED.nonce ELSE {t}.nonce END
 RETURNING owner, nonce
 """
 # One statement: insert, or overwrite the row when it is free (expired) or, for a re-entrant
 # acquire / worker start, already ours ({cond}). The per-call nonce tells the outcomes apart:
 # returned as sent → taken now (row was free); "held-" + nonce → it was already ours ({keep});
-# anything else → another owner holds it.
+# anything else → another owner holds it, or (worker start, our owner in the row) another
+# delivery of the same message runs it: the row's nonce is that delivery's (W5, LIVE).
 FREE = "{t}.expires_at <= EXCLUDED.acquired_at"
 MINE = "({t}.owner = EXCLUDED.owner AND NOT {t}.expires_at <= EXCLUDED.acquired_at)"
+LIVE = (
+    "({t}.state = 'running' AND {t}.nonce <> EXCLUDED.nonce"
+    " AND {t}.nonce <> 'held-' || EXCLUDED.nonce)"
+)
 
 
 class DatabaseStore(DatabaseDebounceMixin, BaseStore):
@@ -97,16 +103,21 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
         *,
         overwrite_mine: bool,
         keep_acquired_if_mine: bool,
+        delivery: str | None = None,
     ) -> tuple[str, str]:
-        """Returns (owner now in the row, "taken" | "held" | "other")."""
+        """Returns (owner now in the row, "taken" | "held" | "live" | "other"). With a
+        ``delivery`` (worker start), a row of ours running under another delivery is left as
+        it is ("live")."""
         connection = connections[self.using]
         table = connection.ops.quote_name(JobLock._meta.db_table)
         free = FREE.format(t=table)
         mine = MINE.format(t=table)
+        if delivery is not None:
+            mine = f"({mine} AND NOT {LIVE.format(t=table)})"
         cond = f"({free} OR {mine})" if overwrite_mine else f"({free})"
         keep = mine if keep_acquired_if_mine else "(1 = 0)"
         sql = UPSERT.format(t=table, cond=cond, keep=keep)
-        nonce = uuid.uuid4().hex
+        nonce = delivery or uuid.uuid4().hex
         params = [
             key.key,
             key.task_name,
@@ -122,7 +133,10 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
             # fetchall, not fetchone: SQLite holds the write lock until RETURNING is drained.
             ((holder, returned),) = cursor.fetchall()
         outcome = (
-            "taken" if returned == nonce else "held" if returned == f"held-{nonce}" else "other"
+            "taken" if returned == nonce
+            else "held" if returned == f"held-{nonce}"
+            else "live" if delivery is not None and holder == owner
+            else "other"
         )
         return str(holder), outcome
 
@@ -152,10 +166,12 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
         return self._locked_take(key, owner, QUEUED, now, ttl, reentrant=reentrant)[0]
 
     def _locked_take(
-        self, key: JobKey, owner: str, state: str, now: float, ttl: float, *, reentrant: bool
+        self, key: JobKey, owner: str, state: str, now: float, ttl: float, *, reentrant: bool,
+        delivery: str | None = None,
     ) -> tuple[Acquired, bool]:
-        """Portable path: create, or lock the row and overwrite it when free (or ours).
-        Returns the answer and whether the row was free before."""
+        """Portable path: create, or lock the row and overwrite it when free (or ours, unless
+        another ``delivery`` runs it: then the answer is not acquired, with ``owner`` as the
+        holder). Returns the answer and whether the row was free before."""
         values = {
             "task_name": key.task_name,
             "ident": key.ident,
@@ -163,6 +179,7 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
             "state": state,
             "acquired_at": clock.db_datetime(now),
             "expires_at": clock.db_datetime(now + ttl),
+            "nonce": delivery or uuid.uuid4().hex,
         }
         for _ in range(5):
             try:
@@ -181,7 +198,9 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
                 if row is None:
                     continue
                 free = row.expires_at <= clock.db_datetime(now)
-                if free or (reentrant and row.owner == owner):
+                live = (delivery is not None and row.state == RUNNING
+                        and row.nonce not in (delivery, f"held-{delivery}"))
+                if free or (reentrant and row.owner == owner and not live):
                     if not free and state == RUNNING:
                         values["acquired_at"] = row.acquired_at
                     JobLock.objects.using(self.using).filter(pk=row.pk).update(**values)
@@ -189,10 +208,16 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
                 return Acquired(acquired=False, holder=row.owner), False
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
-    def start(self, key: JobKey, owner: str, lease: float, *, now: float, release: bool) -> Started:
-        return self._guard(self._start, key, owner, lease, now, release)  # type: ignore[no-any-return]
+    def start(
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
+        delivery: str | None = None,
+    ) -> Started:
+        return self._guard(  # type: ignore[no-any-return]
+            self._start, key, owner, lease, now, release, delivery or uuid.uuid4().hex)
 
-    def _start(self, key: JobKey, owner: str, lease: float, now: float, release: bool) -> Started:
+    def _start(
+        self, key: JobKey, owner: str, lease: float, now: float, release: bool, delivery: str
+    ) -> Started:
         rows = JobLock.objects.using(self.using)
         if release:
             if self._delete_mine(key, owner):
@@ -208,14 +233,16 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
             return Started(run=True, holder=None)
         if self._one_statement():
             holder, outcome = self._upsert(
-                key, owner, RUNNING, now, lease, overwrite_mine=True, keep_acquired_if_mine=True
+                key, owner, RUNNING, now, lease, overwrite_mine=True, keep_acquired_if_mine=True,
+                delivery=delivery,
             )
-            if outcome == "other":
-                return Started(run=False, holder=holder)
+            if outcome in ("other", "live"):
+                return Started(run=False, holder=holder, live=outcome == "live")
             return Started(run=True, holder=None, took=outcome == "taken")
-        answer, was_free = self._locked_take(key, owner, RUNNING, now, lease, reentrant=True)
+        answer, was_free = self._locked_take(
+            key, owner, RUNNING, now, lease, reentrant=True, delivery=delivery)
         if not answer.acquired:
-            return Started(run=False, holder=answer.holder)
+            return Started(run=False, holder=answer.holder, live=answer.holder == owner)
         return Started(run=True, holder=None, took=was_free)
 
     def release(self, key: JobKey, owner: str) -> bool:

@@ -1,12 +1,24 @@
 """The Redis connection of a store: one EVALSHA per decision on connections kept between
-decisions, scripts loaded on NOSCRIPT, every client error turned into StoreUnavailable."""
+decisions, scripts loaded on NOSCRIPT, every client error turned into StoreUnavailable.
+
+Every call is bounded (S8): the store talks to Redis through a client of its own, a copy of
+the cache's connection settings with ``socket_timeout`` and ``socket_connect_timeout`` capped
+at ``DEDUP_JOBS["STORE_TIMEOUT"]`` and redis-py's own retries off, so that neither a cache
+without a socket timeout nor redis-py's retry policy (which re-sends a command after a
+timeout) can make a decision wait longer. A decision is re-sent at most once, on a connection
+error, within the same time budget: every script is idempotent (S7), so a re-sent one answers
+as the first did and changes nothing more.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import time
 import weakref
 from typing import Any
 
+from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores.redis import scripts
 
@@ -63,11 +75,40 @@ def _errors() -> tuple[type[BaseException], ...]:
     return (RedisError, ConnectionInterrupted)
 
 
-def _redis_errors() -> tuple[Any, Any, Any]:
-    """NOSCRIPT, connection-level errors (the reply was lost), error replies."""
+def _redis_errors() -> tuple[Any, Any, Any, Any]:
+    """NOSCRIPT, timeouts (the reply is late), other connection errors (the reply was lost),
+    error replies."""
     from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-    return NoScriptError, (ConnectionError, TimeoutError), ResponseError
+    return NoScriptError, TimeoutError, ConnectionError, ResponseError
+
+
+def cache_timeout(client: Any) -> float | None:
+    """The socket timeout the cache's own client reads with (None: unbounded)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    value = kwargs.get("socket_timeout")
+    return float(value) if value else None
+
+
+def bounded_client(client: Any, timeout: float) -> tuple[Any, bool]:
+    """A client of the store's own on the cache's server and settings, every socket
+    operation capped at ``timeout`` seconds and without redis-py's retries; and whether it is
+    the store's own (to disconnect when the store is dropped). Pool kinds that route
+    connections themselves (Sentinel, cluster) keep the cache's client as it is."""
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(pool) not in _KEEPABLE_POOLS or getattr(client, "connection", None) is not None:
+        return client, False
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    kwargs = dict(pool.connection_kwargs)
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        kwargs[name] = min(float(kwargs.get(name) or math.inf), timeout)
+    kwargs.update(retry=Retry(NoBackoff(), 0), retry_on_error=[], retry_on_timeout=False)
+    own = type(pool)(connection_class=pool.connection_class,
+                     max_connections=pool.max_connections, **kwargs)
+    return Redis(connection_pool=own), True
 
 
 def _text(value: Any) -> str:
@@ -83,8 +124,15 @@ class RedisConnection:
 
     def _init_connection(self) -> None:
         self._client: Any = None
+        self._own_client = False
         self._errors = _errors()
-        self._no_script, self._transient, self._reply = _redis_errors()
+        self._no_script, _timeout, self._lost, self._reply = _redis_errors()
+        #: seconds a decision may take in all (S8): STORE_TIMEOUT, or the cache's own socket
+        #: timeout when that is shorter
+        self.budget = app_settings.STORE_TIMEOUT
+        #: ms to add to our clock for the server's (learned from a "late" answer, see
+        #: deadline_ms): the scripts that write at dispatch refuse to run past the deadline
+        self.skew_ms = 0
         self._sha = dict(scripts.SHA)
         # connections kept between decisions (see _evalsha); set up by _keeping()
         self._ready = False
@@ -97,8 +145,22 @@ class RedisConnection:
         if self._client is None:
             from django_redis import get_redis_connection
 
-            self._client = get_redis_connection(self.alias)
+            cache_client = get_redis_connection(self.alias)
+            self.budget = min(app_settings.STORE_TIMEOUT,
+                              cache_timeout(cache_client) or math.inf)
+            self._client, self._own_client = bounded_client(cache_client, self.budget)
         return self._client
+
+    def deadline_ms(self) -> int:
+        """When the caller gives up on a decision sent now, on the server's clock (ms): a
+        dispatch script that the server runs after it (Redis was stalled, the reply came
+        too late) must change nothing, since the caller has been told it failed (S7)."""
+        return int((time.time() + self.budget) * 1000) + self.skew_ms
+
+    def learn_skew(self, server_ms: int) -> None:
+        """A script refused as late although its answer arrived in time: the server's clock
+        is ahead of ours. Remember by how much (plus the budget, to stay on the safe side)."""
+        self.skew_ms = max(self.skew_ms, server_ms - int(time.time() * 1000) + 1)
 
 
     def _eval(self, name: str, keys: list[str], args: Any) -> Any:
@@ -120,36 +182,44 @@ class RedisConnection:
         Every decision is on the dispatch path, and redis-py's per-command machinery (pool
         lock, a "has the connection unread data" poll of the socket, metrics hooks, argument
         encoding) costs more than Redis takes to run the script. So the store keeps up to
-        ``MAX_IDLE`` connections taken from the django-redis pool (they count as in use
-        there), packs the command itself and reads the reply with redis-py's parser. A
-        connection that fails mid-command is never reused; on a connection error the command
-        goes once more through ``execute_command`` and redis-py's retry policy, as it would
-        have without this fast path."""
+        ``MAX_IDLE`` connections of its own pool, packs the command itself and reads the
+        reply with redis-py's parser (checked against redis-py 8.1). A connection that fails
+        mid-command is never reused. The whole call, a re-send included, takes at most
+        ``budget`` seconds: a late reply is a TimeoutError and is never waited for again; a
+        lost connection (reset, closed by the server) is re-sent once on a fresh one."""
         client = self.client
         pool = self._keeping(client)
         if pool is None:
-            # a cluster client, a single-connection client, client-side caching: the plain way
+            # Sentinel and cluster pools, client-side caching: the plain way
             return client.execute_command("EVALSHA", sha, *command)
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = pool.get_connection()
-        try:
-            conn.send_packed_command((_pack(sha, command),))
-            reply = conn.read_response()
-        except self._transient:
-            conn.disconnect()
-            pool.release(conn)
-            return client.execute_command("EVALSHA", sha, *command)
-        except self._reply:
-            self._put_back(pool, conn)  # the server answered: the connection is fine
-            raise
-        except BaseException:
-            conn.disconnect()  # interrupted mid-reply: never reuse a half-read connection
-            pool.release(conn)
-            raise
-        self._put_back(pool, conn)
-        return reply
+        give_up = time.monotonic() + self.budget
+        packed = (_pack(sha, command),)
+        resent = False
+        while True:
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                conn = pool.get_connection()
+            try:
+                conn.send_packed_command(packed)
+                reply = conn.read_response(timeout=max(0.001, give_up - time.monotonic()))
+            except self._reply:
+                self._put_back(pool, conn)  # the server answered: the connection is fine
+                raise
+            except self._lost:
+                # (a TimeoutError is not a ConnectionError: a late reply is never re-sent)
+                conn.disconnect()
+                pool.release(conn)
+                if resent or time.monotonic() >= give_up:
+                    raise
+                resent = True  # idempotent scripts (S7): the re-send answers as the first
+                continue
+            except BaseException:
+                conn.disconnect()  # interrupted mid-reply: never reuse a half-read connection
+                pool.release(conn)
+                raise
+            self._put_back(pool, conn)
+            return reply
 
     def _keeping(self, client: Any) -> Any:
         """The pool this store keeps connections of, or None when it should not (a pool kind
@@ -184,3 +254,5 @@ class RedisConnection:
         if self._pool is not None:
             for conn in idle:
                 self._pool.release(conn)
+        if self._own_client and self._client is not None:
+            self._client.connection_pool.disconnect(inuse_connections=False)

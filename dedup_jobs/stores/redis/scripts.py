@@ -1,9 +1,18 @@
-"""Every Lua script of the django-redis store, in one place.
+"""Every Lua script of the Redis store, in one place.
 
-A lock is a hash (owner, state, acquired, expires, task, id) with a PEXPIRE; the index is a
-sorted set of lock keys scored by their expiry (ms), so held locks can be listed and paginated
-without KEYS and stale entries trimmed by score. Times come from the Redis server's own clock
-(TIME), so clients with skewed clocks agree; ARGV "now ms" is kept only for the call shape.
+A lock is a hash (owner, state, acquired, expires, task, id, run, took) with a PEXPIRE; the
+index is a sorted set of lock keys scored by their expiry (ms), so held locks can be listed
+and paginated without KEYS and stale entries trimmed by score. Times come from the Redis
+server's own clock (TIME), so clients with skewed clocks agree.
+
+Idempotent decisions (SPEC S7): a script re-sent after a lost reply answers as the first run
+did and changes nothing more. ACQUIRE and DEBOUNCE know their request by the dispatch's task
+id, START by the delivery's nonce (``run``), RELEASE by a request id it leaves in a short-lived
+tombstone ("{lock key}:rel"), CLAIM by the message id it leaves in a claim record. The scripts
+that write at dispatch (ACQUIRE, DEBOUNCE) also carry the time the caller gives up (a deadline
+on the server's clock): run later than that (Redis was stalled, the reply came too late),
+they change nothing and answer "late", since the caller has already raised StoreUnavailable.
+
 On a Redis Cluster all keys of one script must share a slot: put a hash tag in the
 KEY_PREFIX (e.g. "{dedup_jobs}").
 """
@@ -12,11 +21,13 @@ import hashlib
 
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
-# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME), ARGV[4] reentrant "1"/"0",
-# ARGV[5] task name, ARGV[6] readable id
-# Returns "1" .. owner when taken, "0" .. holder when another owner holds it: one bulk
-# string, the cheapest reply to read. The server clock is read only once the lock is known
-# to be free: a duplicate costs one HGET. Index entries of expired locks are trimmed here
+# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
+# ARGV[4] reentrant "1"/"0", ARGV[5] task name, ARGV[6] readable id
+# Returns "1" .. owner when taken, "0" .. holder when another owner holds it (the caller's
+# own fresh id there means a re-send of its own acquire: taken), "L" .. server ms when run
+# past the deadline (nothing changed): one bulk string, the cheapest reply to read. The
+# server clock is read only once the lock is known to be free: a duplicate costs one HGET.
+# Index entries of expired locks are trimmed here
 # about one time in 16 (by the microseconds of TIME) and on every RELEASE: off the dispatch
 # path, where each command inside the script is paid by the caller.
 ACQUIRE = """
@@ -26,6 +37,10 @@ if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[3])
+if deadline > 0 and now > deadline then
+  return 'L' .. now
+end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6])
@@ -38,42 +53,60 @@ return '1' .. ARGV[1]
 """
 
 # START — the worker-side check before run.
-# KEYS[1] lock key, KEYS[2] index key
-# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] unused (server TIME), ARGV[4] release "1"/"0",
-# ARGV[5] task name, ARGV[6] readable id
-# Returns {0, holder} when another owner holds it (skip); otherwise runs and returns
-# {1, 'released'} (release and the caller held it), {1, 'free'} (release, nothing held),
-# {1, 'taken'} (was free, now running under the caller) or {1, 'held'} (caller's, now running).
+# KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
+# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] release "1"/"0",
+# ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms
+# Returns {0, holder} when another owner holds it (skip); {2, 'live'} when the lock is the
+# caller's and running under another delivery of the same message (W5: the first delivery
+# lives, its lease keeps the lock); otherwise runs and returns {1, 'released'} (release and
+# the caller held it), {1, 'free'} (release, nothing held), {1, 'taken'} (was free, now
+# running under the caller) or {1, 'held'} (caller's, now running). A re-send (same nonce)
+# answers as the first: the nonce is kept in 'run' (and 'took'), a release in the tombstone.
 START = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cur = redis.call('HGET', KEYS[1], 'owner')
+if ARGV[4] == '1' then
+  if cur == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    redis.call('ZREM', KEYS[2], KEYS[1])
+    redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[7])
+    return {1, 'released'}
+  end
+  if redis.call('GET', KEYS[3]) == ARGV[3] then return {1, 'released'} end
+  if cur then return {0, cur} end
+  return {1, 'free'}
+end
 if cur and cur ~= ARGV[1] then
   return {0, cur}
 end
-if ARGV[4] == '1' then
-  if cur then
-    redis.call('DEL', KEYS[1])
-    redis.call('ZREM', KEYS[2], KEYS[1])
-    return {1, 'released'}
+local took = not cur
+if cur then
+  local s = redis.call('HMGET', KEYS[1], 'state', 'run', 'took')
+  if s[2] == ARGV[3] then
+    took = s[3] == '1'
+  elseif s[1] == 'running' and s[2] then
+    return {2, 'live'}
   end
-  return {1, 'free'}
 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local expires = now + tonumber(ARGV[2])
 if not cur then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'acquired', now, 'task', ARGV[5],
              'id', ARGV[6])
 end
-redis.call('HSET', KEYS[1], 'state', 'running', 'expires', expires)
+redis.call('HSET', KEYS[1], 'state', 'running', 'expires', expires, 'run', ARGV[3],
+           'took', took and '1' or '0')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
-if cur then return {1, 'held'} end
-return {1, 'taken'}
+if took then return {1, 'taken'} end
+return {1, 'held'}
 """
 
 # RELEASE — compare-and-delete by owner token (and trim index entries of expired locks).
-# KEYS[1] lock key, KEYS[2] index key; ARGV[1] owner
-# Returns 1 when the caller's lock was deleted, 0 otherwise (free, or another owner's).
+# KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
+# ARGV[1] owner, ARGV[2] request id, ARGV[3] tombstone ttl ms
+# Returns 1 when the caller's lock was deleted (also to a re-send of that request, by the
+# tombstone), 0 otherwise (free, or another owner's).
 RELEASE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -81,8 +114,10 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
   redis.call('ZREM', KEYS[2], KEYS[1])
+  redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
   return 1
 end
+if redis.call('GET', KEYS[3]) == ARGV[2] then return 1 end
 return 0
 """
 
@@ -120,41 +155,62 @@ return 0
 """
 
 # A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
-# task, id) beside a list of every dispatch id of the burst ("{state key}:ids"); the index
-# "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are due (ms).
+# task, id) beside a hash of every dispatch id of the burst ("{state key}:seen": id -> "n|the
+# id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order the ids); the
+# index "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are
+# due (ms). A claimed burst leaves a claim record: the state and its ids renamed to
+# "{state key}:claimed" and "{state key}:claimed:seen" for a while, so that a re-sent CLAIM
+# (and a re-sent DEBOUNCE of an id that already ran) answers as the first did.
 
 # DEBOUNCE — one dispatch: start a burst, or absorb the dispatch into the pending one.
-# KEYS[1] state hash, KEYS[2] ids list, KEYS[3] debounce index
+# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
+# KEYS[5] claim record's seen hash
 # ARGV[1] task id, ARGV[2] payload (latest args), ARGV[3] now ms, ARGV[4] debounce_for ms,
 # ARGV[5] max_wait ms or "" (none), ARGV[6] ttl ms (how long the state outlives its due time),
-# ARGV[7] task name, ARGV[8] readable id
-# Returns {1, task id, ""} when it started a burst (the caller publishes its message), or
-# {0, message id, superseded id} when it was absorbed.
+# ARGV[7] task name, ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none)
+# Returns {1, task id, ""} when it started a burst (the caller publishes its message),
+# {0, message id, superseded id} when it was absorbed, {2, server ms, ""} when run past the
+# deadline (nothing changed).
 DEBOUNCE = """
+local msg = redis.call('HGET', KEYS[1], 'message')
+local seen = msg and redis.call('HGET', KEYS[2], ARGV[1])
+if seen then
+  if msg == ARGV[1] then return {1, msg, ''} end
+  return {0, msg, string.sub(seen, string.find(seen, '|', 1, true) + 1)}
+end
+if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+  return {0, redis.call('HGET', KEYS[4], 'message'), ''}
+end
+local deadline = tonumber(ARGV[9])
+if deadline > 0 then
+  local t = redis.call('TIME')
+  local server = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if server > deadline then return {2, server, ''} end
+end
 local now = tonumber(ARGV[3])
 local run_at = now + tonumber(ARGV[4])
 local ttl = tonumber(ARGV[6])
-local msg = redis.call('HGET', KEYS[1], 'message')
 local prev = false
-local deadline
+local deadline_at
+local count = 1
 if msg then
   local cur = redis.call('HMGET', KEYS[1], 'latest', 'deadline')
   prev = cur[1]
-  deadline = tonumber(cur[2])
+  deadline_at = tonumber(cur[2])
   redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'payload', ARGV[2], 'last', now,
              'run_at', run_at)
-  redis.call('HINCRBY', KEYS[1], 'count', 1)
+  count = redis.call('HINCRBY', KEYS[1], 'count', 1)
 else
   msg = ARGV[1]
   redis.call('DEL', KEYS[2])
-  if ARGV[5] ~= '' then deadline = now + tonumber(ARGV[5]) end
+  if ARGV[5] ~= '' then deadline_at = now + tonumber(ARGV[5]) end
   redis.call('HSET', KEYS[1], 'message', msg, 'latest', msg, 'payload', ARGV[2],
-             'first', now, 'last', now, 'run_at', run_at, 'deadline', deadline or '',
+             'first', now, 'last', now, 'run_at', run_at, 'deadline', deadline_at or '',
              'count', 1, 'task', ARGV[7], 'id', ARGV[8])
 end
-redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], count .. '|' .. (prev or ''))
 local due = run_at
-if deadline and deadline < due then due = deadline end
+if deadline_at and deadline_at < due then due = deadline_at end
 redis.call('PEXPIRE', KEYS[1], due - now + ttl)
 redis.call('PEXPIRE', KEYS[2], due - now + ttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - ttl))
@@ -164,24 +220,39 @@ return {1, msg, ''}
 """
 
 # CLAIM — the burst's message is at the worker: claim the burst if it is due.
-# KEYS[1] state hash, KEYS[2] ids list, KEYS[3] debounce index
-# ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due)
+# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
+# KEYS[5] claim record's seen hash
+# ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due),
+# ARGV[4] ms the claim record is kept
 # Returns {"missing"}, {"other", message id}, {"wait", due ms}, or
-# {"claimed", latest id, payload, {ids...}} after deleting the state (a later dispatch starts
-# a new burst).
+# {"claimed", latest id, payload, {id, "n|superseded", ...}} after moving the state into the
+# claim record (a later dispatch starts a new burst); a re-sent CLAIM of the same message
+# gets the same answer from the record.
 CLAIM = """
 local s = redis.call('HMGET', KEYS[1], 'message', 'run_at', 'deadline')
-if not s[1] then return {'missing'} end
-if s[1] ~= ARGV[1] then return {'other', s[1]} end
+if s[1] ~= ARGV[1] then
+  local c = redis.call('HMGET', KEYS[4], 'message', 'latest', 'payload')
+  if c[1] == ARGV[1] then
+    return {'claimed', c[2], c[3], redis.call('HGETALL', KEYS[5])}
+  end
+  if not s[1] then return {'missing'} end
+  return {'other', s[1]}
+end
 local due = tonumber(s[2])
 local deadline = tonumber(s[3])
 if deadline and deadline < due then due = deadline end
 if due - tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'wait', due} end
-local v = redis.call('HMGET', KEYS[1], 'latest', 'payload')
-local ids = redis.call('LRANGE', KEYS[2], 0, -1)
-redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('RENAME', KEYS[1], KEYS[4])
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('RENAME', KEYS[2], KEYS[5])
+else
+  redis.call('DEL', KEYS[5])
+end
+redis.call('PEXPIRE', KEYS[4], ARGV[4])
+redis.call('PEXPIRE', KEYS[5], ARGV[4])
 redis.call('ZREM', KEYS[3], KEYS[1])
-return {'claimed', v[1], v[2], ids}
+local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
+return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
 """
 
 #: SHA1 of every script above, for EVALSHA (computed once, at import)

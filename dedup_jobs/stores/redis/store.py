@@ -9,8 +9,10 @@ from typing import Any
 from django.core.cache import caches
 
 from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    CLAIM_RECORD_SECONDS,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -22,6 +24,7 @@ from dedup_jobs.stores.base import (
     Due,
     Started,
     decode_call,
+    new_request_id,
 )
 from dedup_jobs.stores.redis.connection import RedisConnection, _text
 from dedup_jobs.stores.redis.listing import RedisListing
@@ -53,35 +56,53 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
     def _call(self, name: str, key: JobKey, *args: Any) -> Any:
         return self._eval(name, [self.physical(key.key), self._index_key], args)
 
+    def _call_with_tombstone(self, name: str, key: JobKey, *args: Any) -> Any:
+        physical = self.physical(key.key)
+        return self._eval(name, [physical, self._index_key, f"{physical}:rel"], args)
+
+    def _tombstone_ms(self) -> int:
+        """How long a release tombstone answers a re-send: longer than any re-send waits."""
+        return _ms(2 * self.budget + 1)
+
     def _debounce_keys(self, key: JobKey) -> list[str]:
         physical = self.physical(key.key)
-        return [physical, f"{physical}:ids", self.debounce_index_key()]
+        return [physical, f"{physical}:seen", self.debounce_index_key(),
+                f"{physical}:claimed", f"{physical}:claimed:seen"]
 
     # -- decisions ----------------------------------------------------------------------
 
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
     ) -> Acquired:
-        answer = _text(self._call(
-            "ACQUIRE", key, owner, _ms(ttl), _ms(now), "1" if reentrant else "0",
-            key.task_name, key.ident,
-        ))
-        return Acquired(acquired=answer[0] == "1", holder=answer[1:])
+        for _attempt in range(2):
+            answer = _text(self._call(
+                "ACQUIRE", key, owner, _ms(ttl), self.deadline_ms(), "1" if reentrant else "0",
+                key.task_name, key.ident,
+            ))
+            if answer[0] != "L":
+                return Acquired(acquired=answer[0] == "1", holder=answer[1:])
+            # Refused as late, yet answered in time: the server's clock is ahead of ours.
+            self.learn_skew(int(answer[1:]))
+        raise StoreUnavailable(self.alias, "the server refused the acquire as late twice")
 
     def start(
-        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool
+        self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
+        delivery: str | None = None,
     ) -> Started:
-        ok, what = self._call(
-            "START", key, owner, _ms(lease), _ms(now), "1" if release else "0",
-            key.task_name, key.ident,
+        ok, what = self._call_with_tombstone(
+            "START", key, owner, _ms(lease), delivery or new_request_id(),
+            "1" if release else "0", key.task_name, key.ident, self._tombstone_ms(),
         )
+        if ok == 2:
+            return Started(run=False, holder=owner, live=True)
         if not ok:
             return Started(run=False, holder=_text(what))
         what = _text(what)
         return Started(run=True, holder=None, took=what == "taken", released=what == "released")
 
     def release(self, key: JobKey, owner: str) -> bool:
-        return bool(self._call("RELEASE", key, owner))
+        return bool(self._call_with_tombstone(
+            "RELEASE", key, owner, new_request_id(), self._tombstone_ms()))
 
     def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
         return bool(self._call("RENEW", key, owner, _ms(ttl), _ms(now)))
@@ -92,21 +113,27 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
         max_wait: float | None, ttl: float,
     ) -> Debounced:
-        new, message, superseded = self._eval("DEBOUNCE", self._debounce_keys(key), (
-            task_id, payload, _ms(now), _ms(debounce_for),
-            "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
-        ))
-        return Debounced(new=bool(new), message_id=_text(message),
-                         superseded=_text(superseded) or None)
+        keys = self._debounce_keys(key)
+        for _attempt in range(2):
+            new, message, superseded = self._eval("DEBOUNCE", keys, (
+                task_id, payload, _ms(now), _ms(debounce_for),
+                "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
+                self.deadline_ms(),
+            ))
+            if new != 2:
+                return Debounced(new=bool(new), message_id=_text(message),
+                                 superseded=_text(superseded) or None)
+            self.learn_skew(int(message))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the debounce as late twice")
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
-        answer = self._eval("CLAIM", self._debounce_keys(key),
-                            (message_id, _ms(now), int(DUE_TOLERANCE * 1000)))
+        answer = self._eval("CLAIM", self._debounce_keys(key), (
+            message_id, _ms(now), int(DUE_TOLERANCE * 1000), _ms(CLAIM_RECORD_SECONDS)))
         action = _text(answer[0])
         if action == CLAIMED:
             args, kwargs = decode_call(answer[2])
             return Due(action=CLAIMED, latest_id=_text(answer[1]), args=args, kwargs=kwargs,
-                       absorbed=tuple(_text(i) for i in answer[3]))
+                       absorbed=_in_order(answer[3]))
         if action == WAIT:
             return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
         return Due(action=OTHER if action == OTHER else MISSING)
@@ -116,4 +143,11 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+def _in_order(flat: list[Any]) -> tuple[str, ...]:
+    """The burst's dispatch ids from the "seen" hash (id, "n|superseded", ...), in order."""
+    pairs = [(int(_text(flat[i + 1]).split("|", 1)[0]), _text(flat[i]))
+             for i in range(0, len(flat), 2)]
+    return tuple(task_id for _n, task_id in sorted(pairs))
 

@@ -1,0 +1,119 @@
+"""Where a failed dispatch's own entries are cleaned up (SPEC S7).
+
+A dispatch that ends in ``StoreUnavailable`` told its caller that nothing was published and
+nothing locked. Its request may still have reached the store: the reply was lost on the way
+back, or came after the caller gave up. The dispatch scripts refuse to run past the caller's
+deadline, so a request that Redis ran *late* changed nothing; one whose reply was *lost* did
+take its lock (or start its burst). So after every such failure the dispatch hands its undo
+to this module: a compare-and-delete by its own never-published id (or, for a burst, dropping
+the state whose message is that id). One daemon thread per process tries each undo until the
+store answers, at most ``LEASE_SECONDS / 3`` apart, so the entry is gone within
+``LEASE_SECONDS`` of the store's return. The normal path pays nothing: an undo exists only
+after a failure.
+
+A dispatch that was deduplicated onto the never-published id in the meantime (possible only
+while the lost reply's lock stood) would wait forever on a result nobody writes: an undo that
+really removed an entry marks that id REVOKED, so such a caller's ``.get()`` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dedup_jobs.conf import app_settings
+
+logger = logging.getLogger("dedup_jobs")
+
+#: undo calls kept at most; past that the oldest is dropped with a warning (each entry it
+#: would have removed still expires by itself)
+MAX_PENDING = 10_000
+#: seconds before the first try (the store just failed), doubled after each failure
+FIRST_WAIT = 0.05
+
+
+@dataclass(kw_only=True)
+class _Undo:
+    what: str  # for the log: "lock dedup_jobs:unique:job:id of task abc"
+    call: Callable[[], bool]  # True: it removed something; raises while the store is down
+    until: float  # time.monotonic() after which the entry has expired by itself
+
+
+class Rollbacks:
+    """The undo calls of failed dispatches, tried in order from one daemon thread."""
+
+    def __init__(self) -> None:
+        self._pending: deque[_Undo] = deque()
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, what: str, call: Callable[[], bool], *, lifetime: float) -> None:
+        """Undo ``what`` by ``call()`` as soon as the store answers; give up after
+        ``lifetime`` seconds, when the entry has expired by itself."""
+        undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime)
+        with self._mutex:
+            if len(self._pending) >= MAX_PENDING:
+                dropped = self._pending.popleft()
+                logger.warning("dedup_jobs: too many undos pending; %s expires by itself.",
+                               dropped.what)
+            self._pending.append(undo)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="dedup-jobs-rollback", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def pending(self) -> int:
+        with self._mutex:
+            return len(self._pending)
+
+    def _loop(self) -> None:
+        wait: float | None = FIRST_WAIT
+        while True:
+            self._wake.wait(wait)
+            self._wake.clear()
+            with self._mutex:
+                if not self._pending:
+                    wait = None  # idle: sleep until the next add()
+                    continue
+                undo = self._pending[0]
+            wait = wait or FIRST_WAIT
+            if time.monotonic() > undo.until:
+                self._done(undo)
+                continue
+            try:
+                removed = undo.call()
+            except Exception:
+                # The store still cannot answer: try again later, the others too (one failing
+                # call per round, not one per pending undo, while the store is down).
+                logger.debug("dedup_jobs: undo of %s failed; trying again", undo.what,
+                             exc_info=True)
+                wait = min(wait * 2, max(FIRST_WAIT, app_settings.LEASE_SECONDS / 3))
+                continue
+            if removed:
+                logger.warning("dedup_jobs: removed %s, left behind by a dispatch that failed "
+                               "with StoreUnavailable.", undo.what)
+            self._done(undo)
+            wait = FIRST_WAIT / 10
+
+    def _done(self, undo: _Undo) -> None:
+        with self._mutex:
+            if self._pending and self._pending[0] is undo:
+                self._pending.popleft()
+
+    def _after_fork(self) -> None:
+        # A forked child (a prefork pool process) starts with none: the parent keeps its own.
+        self._pending = deque()
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+
+
+rollbacks = Rollbacks()
+os.register_at_fork(after_in_child=rollbacks._after_fork)
