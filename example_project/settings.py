@@ -93,6 +93,7 @@ if REDIS_URL:
             "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": f"{REDIS_URL}/0",
             "KEY_PREFIX": "shop",
+            "OPTIONS": {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5},
         },
     }
     DEDUP_JOBS = {"STORE": "locks"}

@@ -89,6 +89,7 @@ def test_default_test_settings_pass_the_checks() -> None:
         ({"STROE": "redis"}, "dedup_jobs.E002"),
         ({"DEFAULT_UNIQUE_FOR": 0}, "dedup_jobs.E003"),
         ({"LEASE_SECONDS": -1}, "dedup_jobs.E003"),
+        ({"STORE_TIMEOUT": 0}, "dedup_jobs.E003"),
         ({"ON_STORE_ERROR": "ignore"}, "dedup_jobs.E003"),
         ({"SHOW_ARGS": "no"}, "dedup_jobs.E003"),
         ({"STORE": "nowhere"}, "dedup_jobs.E004"),
@@ -155,3 +156,15 @@ def test_missing_migrations_are_reported() -> None:
             with connection.schema_editor() as editor:
                 editor.create_model(JobLock)
     assert found and "migrate dedup_jobs" in str(found[0].hint)
+
+
+@pytest.mark.parametrize("options", [{}, {"SOCKET_TIMEOUT": 30}])
+def test_redis_cache_without_a_bounded_timeout_is_warned(options: dict[str, Any]) -> None:
+    """S8/A3: a Redis cache store whose socket timeout is unbounded or above STORE_TIMEOUT is
+    W005 (dedup_jobs bounds its own calls; the cache's own calls could hang)."""
+    from django.conf import settings
+
+    caches = {**settings.CACHES, "redis": {**settings.CACHES["redis"], "OPTIONS": options}}
+    assert "dedup_jobs.W005" in ids(CACHES=caches)
+    bounded = {**caches, "redis": {**caches["redis"], "OPTIONS": {"SOCKET_TIMEOUT": 2}}}
+    assert "dedup_jobs.W005" not in ids(CACHES=bounded)
