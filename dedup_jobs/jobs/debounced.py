@@ -25,6 +25,7 @@ from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome
+from dedup_jobs.jobs.admission import finished, is_redelivered
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
@@ -239,6 +240,10 @@ class DebouncedJob(DedupJob):
             return self._run_burst(args, kwargs, list(header.get(ABSORBED) or ()))
         key, alias = self.key_from_header(header), str(header["via"])
         owner = str(request.id)
+        if is_redelivered(request, header) and finished(self, owner):
+            # W5: the broker redelivered the burst's message after its run ended: dropped.
+            logger.info("%s[%s]: redelivered copy of a finished run dropped.", self.name, owner)
+            raise Ignore()
         try:
             due = self.store(alias).claim_due(key, owner, now=clock.now())
         except StoreUnavailable:

@@ -1,36 +1,30 @@
 """UniqueJob and UniqueUntilProcessingJob: one copy queued (or running) per unique id.
 
 Where the lock is taken: :meth:`UniqueJob.apply_async` (dispatch, one store call).
-Where the worker checks: :meth:`UniqueJob.__call__` → ``store.start`` (one store call).
+Where the worker checks: :meth:`UniqueJob.__call__` → :func:`dedup_jobs.jobs.admission.admit`
+→ ``store.start`` (one store call): admitted, skipped, put off or dropped there.
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
 Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``jobs/rollback.py``).
-Where a second delivery of a running message waits or is dropped (W5):
-:meth:`UniqueJob._redelivery`.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
-from celery.states import READY_STATES
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
+from dedup_jobs.jobs.admission import admit
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
-from dedup_jobs.stores.base import BaseStore, new_request_id
-
-#: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
-#: carries on whether the broker had marked the copy redelivered
-REDELIVERED = "redelivered"
+from dedup_jobs.stores.base import BaseStore
 
 ON_DUPLICATE_CHOICES = ("return", "raise")
 
@@ -212,39 +206,13 @@ class UniqueJob(DedupJob):
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        owner = str(request.id)
-        header = self.header()
-        try:
-            if header is not None:
-                key, alias = self.key_from_header(header), str(header["via"])
-            else:
-                key, alias = self.job_key(args, kwargs), self.store_alias()
-        except Exception:
-            logger.warning(
-                "%s[%s]: no dedup key could be computed; running unchecked.",
-                self.name,
-                owner,
-                exc_info=True,
-            )
-            return self.run(*args, **kwargs)
-        store = self.store(alias)
-        lease = app_settings.LEASE_SECONDS
-        redelivered = _redelivered(request, header)
-        if redelivered and self._finished(owner):
-            # W5: the first delivery ran to its end; this copy is dropped, its result kept.
-            logger.info("%s[%s]: redelivered copy of a finished run dropped.", self.name, owner)
-            raise Ignore()
-        try:
-            started = store.start(key, owner, lease, now=clock.now(),
-                                  release=self.release_on_start, delivery=new_request_id())
-        except StoreUnavailable:
-            logger.warning(
-                "%s[%s]: store %r unavailable at the worker check; running.",
-                self.name,
-                owner,
-                alias,
-                exc_info=True,
-            )
+        admitted = admit(self, args, kwargs)  # skipped, put off or dropped: raises Ignore
+        if not admitted.run:
+            return None  # skipped inside a group or chord (W3): done, with None
+        store, key, alias, owner = admitted.store, admitted.key, admitted.alias, admitted.owner
+        if store is None or key is None:
+            return self.run(*args, **kwargs)  # no key could be computed (W4)
+        if not admitted.checked:
             try:
                 return self.run(*args, **kwargs)
             finally:
@@ -252,23 +220,9 @@ class UniqueJob(DedupJob):
                 # a no-op if it is gone or another owner's) so it does not outlive the run.
                 if not self.release_on_start:
                     self._finish(store, key, owner, alias, "success")
-        if started.live:
-            return self._redelivery(args, kwargs, key, alias, redelivered)
-        if not started.run:
-            return self._skip(key, str(started.holder))
-        if started.took:
-            notify(lock_acquired, type(self), key=key.key, owner=owner, store=alias)
         if self.release_on_start:
-            if started.released:
-                notify(
-                    lock_released,
-                    type(self),
-                    key=key.key,
-                    owner=owner,
-                    store=alias,
-                    reason="processing",
-                )
             return self.run(*args, **kwargs)
+        lease = app_settings.LEASE_SECONDS
         with leases.hold(store, key, owner, lease):
             try:
                 result = self.run(*args, **kwargs)
@@ -331,80 +285,6 @@ class UniqueJob(DedupJob):
             return
         self._finish(self.store(alias), key, owner, alias, "failure")
 
-    def _finished(self, task_id: str) -> bool:
-        """W5: has a run of ``task_id`` ended (its result is ready)? Asked only of a copy the
-        broker marked redelivered; without a result (``ignore_result``, no backend) nobody
-        can tell, and the copy goes on to the lock check (at least once)."""
-        if self.ignore_result:
-            return False
-        try:
-            return self.AsyncResult(task_id).state in READY_STATES
-        except Exception:
-            logger.warning("%s[%s]: could not read the result of the redelivered message.",
-                           self.name, task_id, exc_info=True)
-            return False
-
-    def _redelivery(
-        self, args: Any, kwargs: Any, key: JobKey, alias: str, redelivered: bool
-    ) -> Any:
-        """W5: another delivery of this very message is running (its lease keeps the lock
-        alive). This copy never runs beside it: it is published again (same task id) to be
-        checked once more after a third of the lease, and this delivery ends without a
-        result. After the first run ends, the copy is dropped (it was a broker redelivery)
-        or runs (a fresh publish of the same id); if the first run's worker died, its lock
-        expires and the copy runs."""
-        request = self.request
-        countdown = app_settings.LEASE_SECONDS / 3
-        logger.warning(
-            "%s[%s]: another delivery of this message is running; this copy waits %.1fs.",
-            self.name, request.id, countdown)
-        signature = self.signature_from_request(request, args, kwargs, countdown=countdown)
-        options = dict(signature.options)
-        options.pop("task_id", None)
-        options.pop("eta", None)
-        options.pop("headers", None)
-        self._publish(args, kwargs, str(request.id), key, alias,
-                      {**options, "countdown": countdown}, extra={REDELIVERED: redelivered})
-        raise Ignore()
-
-    def _skip(self, key: JobKey, holder: str) -> Any:
-        """W3: another owner holds the lock; this message's body does not run."""
-        request = self.request
-        notify(
-            unique_job_skipped,
-            type(self),
-            task_id=request.id,
-            holder_id=holder,
-            key=key.key,
-            stage="worker",
-        )
-        logger.info("%s[%s] skipped: %s is held by %s", self.name, request.id, key.key, holder)
-        if request.group or request.chord:
-            return None  # counts as done inside a group/chord, so the body still runs
-        reason = f"duplicate: lock {key.key} is held by task {holder}"
-        if not (self.ignore_result or request.ignore_result):
-            self.backend.mark_as_revoked(str(request.id), reason=reason, request=request)
-        self._revoke_rest_of_chain(reason)
-        raise Ignore()
-
-    def _revoke_rest_of_chain(self, reason: str) -> None:
-        """The later links of a skipped chain link never run: mark them REVOKED so that the
-        chain's result (its last link) is ready, and a chord they belong to is told."""
-        request = self.request
-        links: Any = request.chain or ()
-        for link in links:
-            options = dict(link.get("options") or {})
-            task_id = options.get("task_id")
-            if not task_id:
-                continue  # a nested canvas without an id of its own
-            context = Context({**link, **options, "id": task_id, "group": options.get("group_id")})
-            self.backend.mark_as_revoked(
-                task_id,
-                reason=f"an earlier link of its chain ({request.id}) was skipped: {reason}",
-                request=context,
-            )
-
-
 def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float) -> None:
     """S7: the dispatch of ``owner`` failed with StoreUnavailable, maybe after its acquire ran
     (a lost reply): remove that lock by compare-and-delete as soon as the store answers, and
@@ -421,14 +301,6 @@ def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: fl
         return True
 
     rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl)
-
-
-def _redelivered(request: Any, header: dict[str, Any] | None) -> bool:
-    """The broker marked this delivery redelivered, or it is a copy that waited for its
-    first delivery's run and carries that mark on (W5)."""
-    if header is not None and header.get(REDELIVERED):
-        return True
-    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
 class UniqueUntilProcessingJob(UniqueJob):
