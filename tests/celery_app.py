@@ -24,7 +24,7 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
-app.autodiscover_tasks(["tests"], related_name="jobs")
+app.autodiscover_tasks(["tests", "tests.faults"], related_name="jobs")
 # Threads (dispatching tests, in-process workers) resolve shared tasks through the default
 # app, not this thread's current one.
 app.set_default()
