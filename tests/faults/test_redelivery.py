@@ -132,7 +132,9 @@ def test_copy_of_a_killed_worker_runs_once_its_lease_expired(app: Any) -> None:
             rows = bodies(t)
     assert len(rows) == 2 and rows[0]["end"] is None, _table(t)
     copy = rows[1]
-    assert copy["task_id"] == result.id and copy["redelivered"], _table(t)
+    # The body that runs is the broker's copy or the copy it re-published while the dead run's
+    # lock still stood (W5: "re-published with a countdown"), which is a fresh delivery.
+    assert copy["task_id"] == result.id, _table(t)
     assert copy["start"] >= held.expires_at - 0.2, (
         f"the copy started {held.expires_at - copy['start']:.1f}s before the killed run's "
         f"lease expired: bodies (id, pid, redelivered, start, end) {_table(t)}"
