@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
@@ -18,6 +17,7 @@ from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
+from dedup_jobs.jobs.chains import revoke_links
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
@@ -321,21 +321,14 @@ class UniqueJob(DedupJob):
         raise Ignore()
 
     def _revoke_rest_of_chain(self, reason: str) -> None:
-        """The later links of a skipped chain link never run: mark them REVOKED so that the
-        chain's result (its last link) is ready, and a chord they belong to is told."""
+        """The later links of a skipped chain link never run: they end REVOKED."""
         request = self.request
         links: Any = request.chain or ()
-        for link in links:
-            options = dict(link.get("options") or {})
-            task_id = options.get("task_id")
-            if not task_id:
-                continue  # a nested canvas without an id of its own
-            context = Context({**link, **options, "id": task_id, "group": options.get("group_id")})
-            self.backend.mark_as_revoked(
-                task_id,
-                reason=f"an earlier link of its chain ({request.id}) was skipped: {reason}",
-                request=context,
-            )
+        revoke_links(
+            self.backend,
+            links,
+            f"an earlier link of its chain ({request.id}) was skipped: {reason}",
+        )
 
 
 class UniqueUntilProcessingJob(UniqueJob):
