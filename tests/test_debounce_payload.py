@@ -67,3 +67,13 @@ def test_remembering_never_overwrites_a_result(app: Any, memory_backend: Any) ->
         backend.store_result("done", 1, SUCCESS)
         remember_chain(backend, "done", LINKS)
         assert backend.get_task_meta("done")["status"] == SUCCESS
+
+
+def test_no_result_backend_remembers_nothing_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """D8/D4: without a result backend a chain dispatch remembers nothing and the run's
+    outcome finds nothing, without a warning per dispatch or per id."""
+    backend = Celery("no-results", set_as_current=False).backend
+    with caplog.at_level("WARNING", logger="dedup_jobs"):
+        remember_chain(backend, "d-1", LINKS)
+        assert record_outcome(backend, ["d-1", "d-2"], 5, SUCCESS) == {}
+    assert caplog.records == []

@@ -40,8 +40,9 @@ def record_outcome(
         if is_redis(backend):
             return _pipelined(backend, task_ids, encoded, state, traceback)
         found: Remembered = {}
+        readable = keeps_results_by_id(backend)
         for task_id in task_ids:
-            links = _remembered_at(backend, task_id)
+            links = _remembered_at(backend, task_id) if readable else None
             if links:
                 found[task_id] = links
             backend.store_result(task_id, result, state, traceback=traceback)
@@ -60,6 +61,8 @@ def record_outcome(
 def remember_chain(backend: Any, task_id: str, links: list[dict[str, Any]]) -> None:
     """Keep the later ``links`` of a chain dispatch under its own (not yet used) id, as a
     PENDING result, for the run that absorbs it. Never over an existing result."""
+    if not keeps_results_by_id(backend):
+        return
     value = {CHAIN_MARKER: links}
     try:
         if is_redis(backend):
@@ -102,6 +105,15 @@ def _remembered_at(backend: Any, task_id: str) -> list[dict[str, Any]] | None:
     except Exception:
         logger.warning("Could not read the result of %s", task_id, exc_info=True)
         return None
+
+
+def keeps_results_by_id(backend: Any) -> bool:
+    """False when no result backend is configured, and for ``rpc://`` (results travel to the
+    caller's reply queue): there is nothing to remember a chain in, nor to read back."""
+    from celery.backends.base import DisabledBackend
+    from celery.backends.rpc import RPCBackend
+
+    return not isinstance(backend, (DisabledBackend, RPCBackend))
 
 
 def is_redis(backend: Any) -> bool:
