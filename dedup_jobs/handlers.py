@@ -36,7 +36,7 @@ def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
     header = _message_header(request)
     if isinstance(task, DebouncedJob):
         if isinstance(header, dict):
-            task.cancel_burst(request.id, header)
+            task.cancel_burst(request.id, header, getattr(request, "chain", None))
         return
     if isinstance(task, UniqueJob):
         task.release_dropped(

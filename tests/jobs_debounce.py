@@ -123,3 +123,22 @@ def _register_class_jobs() -> None:
 
 
 _register_class_jobs()
+
+
+# -- D8: chains -----------------------------------------------------------------------------
+
+
+@shared_task(base=DebouncedJob, debounce_for=0.6, debounce_on=("item",), name="tests.debounce_link")
+def debounce_link(item: int, value: int) -> int:
+    """A DebouncedJob used as a link of a chain; a negative value fails the run."""
+    record("link", [item, value])
+    if value < 0:
+        raise ValueError(f"boom {value}")
+    return value
+
+
+@shared_task(name="tests.chain_step")
+def chain_step(previous: Any, tag: str) -> str:
+    """A plain task for the other links of a chain: records what it received."""
+    record("step", [tag, previous])
+    return f"{tag}:{previous}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery.app.task import Context
 from celery.exceptions import Ignore
 from celery.states import READY_STATES
 
@@ -24,6 +23,7 @@ from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, notify
+from dedup_jobs.jobs.chains import revoke_links
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
 from dedup_jobs.stores.base import BaseStore, new_request_id
@@ -151,18 +151,9 @@ def skip(job: UniqueJob, key: JobKey, holder: str) -> bool:
 
 
 def revoke_rest_of_chain(job: Any, reason: str) -> None:
-    """The later links of a skipped chain link never run: mark them REVOKED so that the
+    """The later links of a skipped chain link never run: they end REVOKED, so that the
     chain's result (its last link) is ready, and a chord they belong to is told."""
     request = job.request
     links: Any = request.chain or ()
-    for link in links:
-        options = dict(link.get("options") or {})
-        task_id = options.get("task_id")
-        if not task_id:
-            continue  # a nested canvas without an id of its own
-        context = Context({**link, **options, "id": task_id, "group": options.get("group_id")})
-        job.backend.mark_as_revoked(
-            task_id,
-            reason=f"an earlier link of its chain ({request.id}) was skipped: {reason}",
-            request=context,
-        )
+    revoke_links(job.backend, links,
+                 f"an earlier link of its chain ({request.id}) was skipped: {reason}")

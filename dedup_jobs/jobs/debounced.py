@@ -9,7 +9,7 @@ Where the worker decides: :meth:`DebouncedJob.__call__` → ``store.claim_due`` 
 call): not due yet → the message re-publishes itself for when it is due; due → it claims
 the state (a later dispatch starts a new burst) and runs with the latest arguments.
 Where results go: :func:`dedup_jobs.jobs.absorbed.record_outcome`, under every absorbed id.
-See docs/debounce.md.
+Chains (D8): :mod:`dedup_jobs.jobs.chains`. See docs/debounce.md.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 from celery.result import AsyncResult
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome
+from dedup_jobs.jobs import chains
+from dedup_jobs.jobs.absorbed import FAILURE, REVOKED, SUCCESS, record_outcome, remember_chain
 from dedup_jobs.jobs.admission import finished, is_redelivered
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.rollback import rollbacks
@@ -39,6 +40,7 @@ STATE_GRACE = 3600.0
 #: header flags of a message that already owns its burst (a retry of the claimed run)
 CLAIMED_FLAG = "claimed"
 ABSORBED = "absorbed"
+WINNER = "winner"  # the dispatch whose arguments (and chain) the run uses
 
 #: header field: how many times the burst's message was put off because its claim failed
 CLAIM_TRIES = "claim_tries"
@@ -47,9 +49,6 @@ CLAIM_TRIES = "claim_tries"
 #: try gets the burst's latest arguments even if the failed one ran in the store
 MAX_CLAIM_TRIES = 3
 CLAIM_RETRY_SECONDS = 1.0
-
-#: options that put a dispatch inside a canvas: such a dispatch is published as it is
-CANVAS_OPTIONS = ("chain", "group_id", "chord")
 
 
 class DebouncedJob(DedupJob):
@@ -104,25 +103,24 @@ class DebouncedJob(DedupJob):
             request = self.request
             if not request.called_directly and task_id == request.id:
                 return publish(args, kwargs, task_id, **self._retry_options(options))
-        if (
-            link
-            or link_error
-            or any(options.get(name) for name in CANVAS_OPTIONS)
-            or self.app.conf.task_always_eager
-        ):
-            # A canvas continuation needs this very message: published as it is, it runs
-            # (no header, so the worker runs it unchecked). Eager mode runs at once too.
+        links = chains.chain_links(options)
+        if link or link_error or chains.in_group(options, links) or self.app.conf.task_always_eager:
+            # A group or chord counts this very message, and callbacks hang on it: published
+            # as it is, it runs (no header, so the worker runs it unchecked). Eager mode runs
+            # at once too. A chain link is debounced (D8, see dedup_jobs/jobs/chains.py).
             return publish(args, kwargs, task_id, **options)
         task_id = task_id or new_task_id()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
         store = self.store(alias)
         debounce_for = float(self.debounce_for or 0)
+        if links and not (self.ignore_result or options.get("ignore_result")):
+            remember_chain(self.backend, task_id, links)
         try:
             answer = store.debounce(
                 key,
                 task_id,
-                encode_call(args, kwargs),
+                encode_call(args, kwargs, links),
                 now=clock.now(),
                 debounce_for=debounce_for,
                 max_wait=None if self.max_wait is None else float(self.max_wait),
@@ -193,10 +191,13 @@ class DebouncedJob(DedupJob):
                     self.backend.mark_as_revoked(task_id, reason=reason)
         return True
 
-    def cancel_burst(self, message_id: str, header: dict[str, Any]) -> None:
+    def cancel_burst(
+        self, message_id: str, header: dict[str, Any], chain: chains.Links | None = None
+    ) -> None:
         """The burst's message was revoked or expired: the burst is cancelled. Its state goes
         (the next dispatch starts a new burst, instead of joining one that will never run)
-        and every dispatch it had absorbed ends REVOKED too."""
+        and every dispatch it had absorbed ends REVOKED too, with the later links of every
+        chain in it (``chain``: the message's own)."""
         if header.get(CLAIMED_FLAG):
             return
         try:
@@ -211,12 +212,18 @@ class DebouncedJob(DedupJob):
                 exc_info=True,
             )
             return
-        if due.action != CLAIMED or self.ignore_result:
+        if due.action != CLAIMED:
             return
         reason = f"debounce burst cancelled: its message {message_id} was revoked"
-        for task_id in due.absorbed:
-            if task_id != message_id:
-                self.backend.mark_as_revoked(task_id, reason=reason)
+        found: dict[str, chains.Links] = {message_id: list(chain or ())}
+        found[str(due.latest_id)] = chains.links_of(due.args) or []
+        if not self.ignore_result:
+            others = [i for i in due.absorbed if i != message_id]
+            found.update(record_outcome(self.backend, others, TaskRevokedError(reason), REVOKED))
+        for dispatch, links in found.items():
+            chains.revoke_links(
+                self.backend, links, f"the chain of dispatch {dispatch} does not go on: {reason}"
+            )
 
     def _retry_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """A retry of a claimed run keeps its burst: flagged claimed (no new debounce), with
@@ -224,8 +231,11 @@ class DebouncedJob(DedupJob):
         header = self.header()
         if header is None:
             return options
-        absorbed = getattr(self.request, "dedup_absorbed", None) or header.get(ABSORBED) or []
-        return self.with_header(options, {**header, CLAIMED_FLAG: True, ABSORBED: absorbed})
+        request = self.request
+        absorbed = getattr(request, "dedup_absorbed", None) or header.get(ABSORBED) or []
+        winner = getattr(request, "dedup_winner", None) or header.get(WINNER)
+        claimed = {CLAIMED_FLAG: True, ABSORBED: absorbed, WINNER: winner}
+        return self.with_header(options, {**header, **claimed})
 
     # -- worker -------------------------------------------------------------------------
 
@@ -237,7 +247,8 @@ class DebouncedJob(DedupJob):
         if header is None:
             return self.run(*args, **kwargs)  # send_task, a canvas link, or store down
         if header.get(CLAIMED_FLAG):
-            return self._run_burst(args, kwargs, list(header.get(ABSORBED) or ()))
+            absorbed = list(header.get(ABSORBED) or ())
+            return self._run_burst(args, kwargs, absorbed, header.get(WINNER))
         key, alias = self.key_from_header(header), str(header["via"])
         owner = str(request.id)
         if is_redelivered(request, header) and finished(self, owner):
@@ -274,10 +285,13 @@ class DebouncedJob(DedupJob):
                 due.action,
             )
             return self.run(*args, **kwargs)
-        # Retries of this run re-send the latest arguments, not the first dispatch's.
+        # Retries of this run re-send the latest arguments, not the first dispatch's, and
+        # the chain that goes on after it is the latest dispatch's (D8).
         request.args, request.kwargs = list(due.args), dict(due.kwargs)
+        winner = due.latest_id or owner
+        chains.follow_winner(self.backend, request, owner, winner, chains.links_of(due.args))
         others = [i for i in due.absorbed if i != owner]
-        return self._run_burst(due.args, due.kwargs, others)
+        return self._run_burst(due.args, due.kwargs, others, winner)
 
     def _reschedule(self, args: Any, kwargs: Any, header: dict[str, Any], until: float) -> None:
         """A later dispatch moved the burst: this message re-publishes itself (same id) for
@@ -291,11 +305,15 @@ class DebouncedJob(DedupJob):
         super().apply_async(args, kwargs, task_id, **options)
         raise Ignore()
 
-    def _run_burst(self, args: Sequence[Any], kwargs: dict[str, Any], others: list[str]) -> Any:
+    def _run_burst(
+        self, args: Sequence[Any], kwargs: dict[str, Any], others: list[str], winner: str | None
+    ) -> Any:
         """Run with the burst's latest arguments; record the outcome under ``others`` (every
-        absorbed id but this message's own, which Celery records)."""
+        absorbed id but this message's own, which Celery records) and end the chains of the
+        superseded ones (D8)."""
         request = self.request
         request.dedup_absorbed = others  # type: ignore[attr-defined]
+        request.dedup_winner = winner  # type: ignore[attr-defined]
         keep = not (self.ignore_result or request.ignore_result)
         try:
             result = self.run(*args, **kwargs)
@@ -303,15 +321,22 @@ class DebouncedJob(DedupJob):
             raise  # a retry carries ``others`` in its header; Ignore means hands off
         except Reject as exc:
             if keep and not getattr(exc, "requeue", False):
-                record_outcome(self.backend, others, exc, FAILURE, traceback.format_exc())
+                self._record(others, winner, exc, FAILURE, traceback.format_exc())
             raise
         except BaseException as exc:
             if keep:
-                record_outcome(self.backend, others, exc, FAILURE, traceback.format_exc())
+                self._record(others, winner, exc, FAILURE, traceback.format_exc())
             raise
         if keep:
-            record_outcome(self.backend, others, result, SUCCESS)
+            self._record(others, winner, result, SUCCESS)
         return result
+
+    def _record(
+        self, others: list[str], winner: str | None, outcome: Any, state: str, tb: Any = None
+    ) -> None:
+        found = record_outcome(self.backend, others, outcome, state, tb)
+        if found:
+            chains.end_superseded(self.backend, found, winner, str(self.request.id))
 
 
 def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:

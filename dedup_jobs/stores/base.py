@@ -121,14 +121,36 @@ class Due:
     absorbed: tuple[str, ...] = ()  # CLAIMED: every dispatch id of the burst, in order
 
 
-def encode_call(args: Sequence[Any] | None, kwargs: dict[str, Any] | None) -> str:
-    """The latest arguments as stored: kombu's JSON of ``[args, kwargs]``."""
-    return str(dumps([list(args or ()), dict(kwargs or {})]))
+class CallArgs(tuple[Any, ...]):
+    """The positional arguments of a stored call, carrying the dispatch's chain continuation
+    in ``chain`` (D8: the links Celery passes in ``options["chain"]``, the next one last;
+    None when the dispatch was not a chain link). Carried on the arguments so that every
+    store hands it from the payload to ``Due.args`` without knowing of it."""
+
+    chain: list[dict[str, Any]] | None = None
 
 
-def decode_call(payload: str | bytes) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    args, kwargs = loads(payload)
-    return tuple(args), dict(kwargs)
+def encode_call(
+    args: Sequence[Any] | None,
+    kwargs: dict[str, Any] | None,
+    chain: Sequence[dict[str, Any]] | None = None,
+) -> str:
+    """The latest call as stored: kombu's JSON of ``[args, kwargs]``, or of
+    ``[args, kwargs, chain]`` for a chain link (D8)."""
+    call: list[Any] = [list(args or ()), dict(kwargs or {})]
+    if chain:
+        call.append(list(chain))
+    return str(dumps(call))
+
+
+def decode_call(payload: str | bytes) -> tuple[CallArgs, dict[str, Any]]:
+    """``(args, kwargs)`` of a stored call; ``args.chain`` is its chain continuation. A
+    payload stored before chains were debounced (two elements) decodes with no chain."""
+    args, kwargs, *rest = loads(payload)
+    call = CallArgs(args)
+    if rest and rest[0]:
+        call.chain = list(rest[0])
+    return call, dict(kwargs)
 
 
 class BaseStore(ABC):
