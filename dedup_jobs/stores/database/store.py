@@ -61,6 +61,21 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
     def __init__(self, alias: str = "database") -> None:
         super().__init__(alias)
 
+    def key_problem(self, key: JobKey) -> str | None:
+        """The key and task name must fit their columns (PostgreSQL and MySQL enforce the
+        lengths; SQLite would keep them, but a job must not depend on that)."""
+        debounce = key.key.startswith(f"{app_settings.KEY_PREFIX}:debounce:")
+        model = PendingDebounce if debounce else JobLock
+        for value, column in ((key.task_name, "task_name"), (key.key, "key")):
+            limit = getattr(model._meta.get_field(column), "max_length", None)
+            if limit is not None and len(value) > limit:
+                return (
+                    f"makes the {column} {len(value)} characters long, more than the "
+                    f"{limit} the database store's {model.__name__}.{column} column holds. "
+                    f"Use a shorter task name (or DEDUP_JOBS['KEY_PREFIX'])."
+                )
+        return None
+
     @property
     def using(self) -> str:
         return app_settings.DATABASE_ALIAS
