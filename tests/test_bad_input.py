@@ -242,6 +242,7 @@ IDS = {
     "o-moscow": ("tests.unique_add", "city=МОСКВА"),  # noqa: RUF001 - Cyrillic on purpose
     "o-moscow-lower": ("tests.unique_add", "город=москва"),
     "o-plain": ("tests.unique_add", "a=1"),
+    "o-url": ("tests.unique_add", "url=HTTP://Example.COM:8080/x"),
 }
 
 
@@ -261,7 +262,9 @@ def take(alias: str, locks: dict[str, tuple[str, str]]) -> None:
         ("STRAẞE", ["o-STRASSE", "o-strasse"]),
         ("москва", ["o-moscow", "o-moscow-lower"]),
         ("ГОРОД", ["o-moscow-lower"]),
-        ("UNIQUE_ADD", ["o-moscow", "o-moscow-lower", "o-plain"]),
+        ("e\u0301mile", ["o-emile-lower", "o-emile-upper"]),  # decomposed é
+        ("example.com:80", ["o-url"]),  # an id with ":" in it
+        ("UNIQUE_ADD", ["o-moscow", "o-moscow-lower", "o-plain", "o-url"]),
     ],
 )
 def test_search_is_caseless_in_any_script(listed_store: str, search: str,
@@ -284,6 +287,51 @@ def test_search_never_matches_across_job_and_id(listed_store: str, search: str) 
     html = login().get(LOCKS, {"q": search}).content.decode()
     assert owners(html) == []
     assert "No held locks match" in html
+
+
+def test_key_prefilter_never_drops_a_match() -> None:
+    """A4: the Redis store decides from the key which locks may match before reading any
+    hash; for text of every kind (case pairs, ß, ligatures, full-width letters, combining
+    marks, colons) a lock that matches is never dropped, and a key split into job and id
+    is split right."""
+    import random
+    import sys
+
+    from dedup_jobs.stores.search import Search, fold
+
+    rng = random.Random(4)
+    special = [chr(c) for c in range(sys.maxunicode + 1)
+               if not 0xD800 <= c <= 0xDFFF and fold(chr(c)) != chr(c)]
+    alphabet = special + list("abcXYZ:=,.-_ 019") + ["\u0301", "\u0308", "\u0345"]
+    for _ in range(20_000):
+        task = "".join(rng.choices(alphabet, k=rng.randint(1, 6))).replace(":", ".")
+        ident = "".join(rng.choices(alphabet, k=rng.randint(0, 8)))
+        source = fold(rng.choice([task, ident]))
+        if not source:
+            continue
+        start = rng.randrange(len(source))
+        needle = source[start:start + rng.randint(1, 4)]
+        wanted = Search.of(needle)
+        if wanted is None or not wanted.matches(task, ident):
+            continue
+        tail = f"{task}:{ident}"
+        assert wanted.may_match_key(tail), (task, ident, needle)
+        parts = Search.split_key(tail)
+        assert parts is None or parts == (task, ident)
+        assert Search.split_key(tail, task) == (task, ident)
+
+
+def test_search_within_a_job_filter(listed_store: str) -> None:
+    """A4: a search together with the job filter narrows within that job; a search that
+    matches the filtered job's own name keeps every lock of the job."""
+    take(listed_store, IDS)
+    client = login()
+    by_id = client.get(LOCKS, {"job": "tests.unique_sleep", "q": "émile"}).content.decode()
+    assert owners(by_id) == ["o-emile-lower", "o-emile-upper"]
+    by_name = client.get(LOCKS, {"job": "tests.unique_sleep", "q": "SLEEP"}).content.decode()
+    assert owners(by_name) == ["o-STRASSE", "o-emile-lower", "o-emile-upper", "o-strasse"]
+    other = client.get(LOCKS, {"job": "tests.unique_add", "q": "émile"}).content.decode()
+    assert owners(other) == []
 
 
 def test_search_finds_a_hashed_id_by_its_readable_form(listed_store: str) -> None:
