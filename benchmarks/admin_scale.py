@@ -174,9 +174,10 @@ def main() -> None:
 
     locks = "/admin/dedup_jobs/joblock/"
     debounces = "/admin/dedup_jobs/pendingdebounce/"
+    middle = max(1, options.locks // 200)  # halfway through the 100-a-page listing
     pages = [
         ("Held locks, first page", locks),
-        ("Held locks, page 500", locks + "?p=500"),
+        (f"Held locks, page {middle}", locks + f"?p={middle}"),
         ("Held locks, search rare id 'item=99999'", locks + "?q=item%3D99999"),
         ("Held locks, search common 'unique_sleep'", locks + "?q=unique_sleep"),
         ("Held locks, search no match 'nothing-here'", locks + "?q=nothing-here"),
