@@ -437,3 +437,15 @@ def login_again_or_new() -> Client:
     if not User.objects.filter(username="viewer").exists():
         make_user("viewer", "view_joblock")
     return login_again()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_empty_page_within_the_count_shows_without_redirecting(redis_client: Any) -> None:
+    """A4: an empty page that the count still covers (Redis evicted the locks' hashes, their
+    index entries remain) is shown as it is: no redirect to itself, never an error."""
+    keys = admin_helpers.fill("redis", 101)
+    store: Any = get_store("redis")
+    redis_client.delete(*(store.physical(key.key) for key in keys))
+    response = login().get(LOCKS, {"p": "2", "store": "redis"})
+    assert response.status_code == 200
+    assert "unavailable" not in response.content.decode()

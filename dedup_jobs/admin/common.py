@@ -202,11 +202,14 @@ def listing(
         except NotImplementedError as exc:
             error = f"store {choice.alias!r} cannot list this: {exc}"
     if page is not None and not page.items and number > 1:
-        # Past the last page (or a number no store can offset by): show the last page.
+        # Past the last page (or a number no store can offset by): show the last page. (An
+        # empty page within the count, e.g. index entries whose locks were evicted, shows.)
         if page.total is None:
             raise Http404(f"Page {number} is past the last page.")
         last = max(1, -(-page.total // PER_PAGE))
-        return page, now, {"redirect": request.path + query(request, p=last if last > 1 else None)}
+        if last < number:
+            url = request.path + query(request, p=last if last > 1 else None)
+            return page, now, {"redirect": url}
     jobs_of_kind = [j.name for j in jobs if j.dedup_kind == kind]
     context = {
         "store": choice,
