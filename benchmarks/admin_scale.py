@@ -51,8 +51,9 @@ from django.test import Client  # noqa: E402
 
 from dedup_jobs import clock  # noqa: E402
 from dedup_jobs.keys import build_key  # noqa: E402
-from dedup_jobs.stores import get_store, lua  # noqa: E402
+from dedup_jobs.stores import get_store  # noqa: E402
 from dedup_jobs.stores.base import encode_call  # noqa: E402
+from dedup_jobs.stores.redis import scripts as lua  # noqa: E402
 from tests import jobs, jobs_debounce  # noqa: E402,F401 - registers the test jobs
 
 TASKS = [f"shop.job_{n:02d}" for n in range(19)] + ["tests.unique_sleep"]
@@ -79,7 +80,7 @@ def fill_locks(count: int) -> None:
 
 def fill_debounces(count: int) -> None:
     store: Any = get_store("redis")
-    script = store._script("DEBOUNCE")
+    script = store.client.register_script(lua.DEBOUNCE)
     now = clock.now()
     pipe = store.client.pipeline(transaction=False)
     for i in range(count):
@@ -173,9 +174,10 @@ def main() -> None:
 
     locks = "/admin/dedup_jobs/joblock/"
     debounces = "/admin/dedup_jobs/pendingdebounce/"
+    middle = max(1, options.locks // 200)  # halfway through the 100-a-page listing
     pages = [
         ("Held locks, first page", locks),
-        ("Held locks, page 500", locks + "?p=500"),
+        (f"Held locks, page {middle}", locks + f"?p={middle}"),
         ("Held locks, search rare id 'item=99999'", locks + "?q=item%3D99999"),
         ("Held locks, search common 'unique_sleep'", locks + "?q=unique_sleep"),
         ("Held locks, search no match 'nothing-here'", locks + "?q=nothing-here"),

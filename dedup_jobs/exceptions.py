@@ -38,3 +38,21 @@ class DuplicateJob(DedupError):
 
 class InvalidJobConfiguration(DedupError, ImproperlyConfigured):
     """A job class has options that cannot work; raised when the class is created."""
+
+
+class InvalidJobId(DedupError, ValueError):
+    """A dispatch's id (from ``unique_id()``/``debounce_id()`` or the default key built from
+    the arguments) that its store cannot hold: raised before any store call, so nothing is
+    locked and nothing is published, whatever ``ON_STORE_ERROR`` says (SPEC A4)."""
+
+    def __init__(self, task_name: str, source: str, ident: str, problem: str) -> None:
+        self.task_name = task_name
+        self.source = source
+        self.ident = ident
+        shown = repr(ident)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        super().__init__(
+            f"{task_name}: {source} gave the id {shown}, which {problem} "
+            f"Nothing was locked or published."
+        )

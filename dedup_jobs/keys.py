@@ -152,6 +152,27 @@ def default_id(
     return ",".join(f"{name}={_encode(task_name, name, arguments[name], hook)}" for name in names)
 
 
+def id_problem(ident: str) -> str | None:
+    """Why no store can hold ``ident`` (ends with what to do), or None. PostgreSQL text
+    refuses NUL; an unpaired surrogate (what ``os.fsdecode`` leaves for undecodable bytes)
+    cannot be written as UTF-8 by any store, nor sent in a message header."""
+    if "\x00" in ident:
+        return (
+            "holds a NUL character (U+0000): PostgreSQL text cannot store it, so no store "
+            "accepts it. Return an id without NUL characters (strip them, or use a hash)."
+        )
+    if not ident.isascii():
+        try:
+            ident.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (
+                f"holds an unpaired surrogate ({ident[exc.start]!r} at position {exc.start}): "
+                f"it is not valid text, so no store can write it. Decode the bytes it came "
+                f"from properly (or pass them as a hex or base64 string)."
+            )
+    return None
+
+
 def build_key(kind: str, task_name: str, ident: str) -> JobKey:
     ident = str(ident)
     stored = ident

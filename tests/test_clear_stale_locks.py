@@ -189,3 +189,35 @@ def test_unreachable_store_fails_with_a_clear_message() -> None:
         pytest.raises(CommandError, match="'redis' is unavailable"),
     ):
         call_command("clear_stale_locks", "--store", "redis", stdout=io.StringIO())
+
+
+def test_dry_run_lists_every_lock_at_the_default_verbosity(app: Any, listed_store: str) -> None:
+    """A2: --dry-run at the default verbosity lists every lock it would remove, one a line
+    (job, id, owner, why; an id's control characters escaped so it stays on its line),
+    then the summary; --all --dry-run lists each queued lock with its reason too."""
+    store = get_store(listed_store)
+    idents = ["item=1", "item=2", "two\nlines"]
+    for n, ident in enumerate(idents):
+        app.backend.store_result(f"done-{n}", n, states.SUCCESS)
+        key = build_key("unique", "tests.unique_sleep", ident)
+        assert store.acquire(key, f"done-{n}", 600, now=clock.now()).acquired
+    pending = build_key("unique", "tests.unique_sleep", "item=9")
+    assert store.acquire(pending, "pending-owner", 600, now=clock.now()).acquired
+    out = io.StringIO()
+    call_command("clear_stale_locks", "--dry-run", "--inspect-timeout", "0.3", stdout=out)
+    lines = out.getvalue().splitlines()
+    shown = ["item=1", "item=2", "two\\nlines"]
+    expected = [
+        f"would remove tests.unique_sleep[{ident}] in '{listed_store}', owner done-{n}: "
+        f"owner task finished (SUCCESS)"
+        for n, ident in enumerate(shown)
+    ]
+    assert sorted(line for line in lines if line.startswith("would remove ")) == expected
+    assert lines[-1] == "4 held locks scanned: would remove 3; kept owner pending 1."
+    assert all(store.get(build_key("unique", "tests.unique_sleep", i)) for i in idents)
+    everything = io.StringIO()
+    call_command("clear_stale_locks", "--all", "--dry-run", stdout=everything)
+    listed = [line for line in everything.getvalue().splitlines() if "would remove" in line]
+    assert len(listed) == 5  # the four locks, then the summary
+    assert any(line.startswith("would remove tests.unique_sleep[item=9]") and
+               "owner pending-owner: " in line for line in listed)

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
@@ -20,6 +20,9 @@ from dedup_jobs.stores.base import BaseStore, Page
 
 #: rows per page on the held-locks and debounced-jobs pages
 PER_PAGE = 100
+#: page numbers above this are read as this one (past any real last page) so that the
+#: offset stays one every store can take; the view then redirects to the last page
+MAX_PAGE = 10**9
 #: characters of arguments shown before "…"
 ARGS_LIMIT = 200
 
@@ -119,10 +122,17 @@ def query(request: HttpRequest, **changes: Any) -> str:
 
 
 def page_number(request: HttpRequest) -> int:
+    """The ``?p=`` page number (1 when absent); anything that is not a page number at all
+    (not a whole number, zero, negative) is a 404 (A4)."""
+    raw = request.GET.get("p", "").strip() or "1"
     try:
-        return max(1, int(request.GET.get("p", "1")))
-    except ValueError:
-        return 1
+        number = int(raw)
+    except ValueError:  # also a number too long to convert
+        number = 0
+    if number < 1:
+        shown = raw if len(raw) <= 40 else raw[:39] + "…"
+        raise Http404(f"Page {shown!r} is not a page number: pages are counted from 1.")
+    return number
 
 
 def when(timestamp: float | None) -> datetime | None:
@@ -171,7 +181,9 @@ def listing(
 ) -> tuple[Page[Any] | None, float, dict[str, Any]]:
     """Read one page (``read`` names the store's ``lock_page``/``debounce_page``) for the
     query's job, search and page number; returns it, the time used, and the context shared by
-    the store pages (filters, search, paginator)."""
+    the store pages (filters, search, paginator). A page past the last one returns only
+    ``{"redirect": url of the last page}`` (see :func:`redirect_to`); a page number that is
+    not one raises Http404."""
     job = request.GET.get("job", "")
     search = request.GET.get("q", "").strip()
     number = page_number(request)
@@ -179,7 +191,7 @@ def listing(
     if choice.store is not None and not choice.problem:
         try:
             page = getattr(choice.store, read)(
-                offset=(number - 1) * PER_PAGE,
+                offset=(min(number, MAX_PAGE) - 1) * PER_PAGE,
                 limit=PER_PAGE,
                 task_name=job,
                 search=search,
@@ -189,6 +201,15 @@ def listing(
             error = str(exc)
         except NotImplementedError as exc:
             error = f"store {choice.alias!r} cannot list this: {exc}"
+    if page is not None and not page.items and number > 1:
+        # Past the last page (or a number no store can offset by): show the last page. (An
+        # empty page within the count, e.g. index entries whose locks were evicted, shows.)
+        if page.total is None:
+            raise Http404(f"Page {number} is past the last page.")
+        last = max(1, -(-page.total // PER_PAGE))
+        if last < number:
+            url = request.path + query(request, p=last if last > 1 else None)
+            return page, now, {"redirect": url}
     jobs_of_kind = [j.name for j in jobs if j.dedup_kind == kind]
     context = {
         "store": choice,
@@ -214,6 +235,12 @@ def listing(
         "pages": None if not page or page.total is None else max(1, -(-page.total // PER_PAGE)),
     }
     return page, now, context
+
+
+def redirect_to(shared: dict[str, Any]) -> HttpResponse | None:
+    """The redirect :func:`listing` asked for, if any."""
+    url = shared.get("redirect")
+    return HttpResponseRedirect(url) if url else None
 
 
 def listed_jobs() -> tuple[list[Any], list[str]]:

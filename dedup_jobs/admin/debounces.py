@@ -16,6 +16,7 @@ from dedup_jobs.admin.common import (
     duration,
     listed_jobs,
     listing,
+    redirect_to,
     truncate,
     when,
 )
@@ -65,6 +66,8 @@ class PendingDebounceAdmin(PageAdmin):
             choice=choice,
             read="debounce_page",
         )
+        if (moved := redirect_to(shared)) is not None:
+            return moved
         show_args = app_settings.SHOW_ARGS
         context = self.page_context(
             request,

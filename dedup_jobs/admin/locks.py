@@ -22,6 +22,7 @@ from dedup_jobs.admin.common import (
     listed_jobs,
     listing,
     query,
+    redirect_to,
     when,
 )
 from dedup_jobs.exceptions import StoreUnavailable
@@ -169,6 +170,8 @@ class JobLockAdmin(PageAdmin):
             choice=choice,
             read="lock_page",
         )
+        if (moved := redirect_to(shared)) is not None:
+            return moved
         actions = self.get_action_choices(request) if page is not None else []
         context = self.page_context(
             request,

@@ -14,7 +14,7 @@ from django.dispatch import Signal
 
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import InvalidJobConfiguration
+from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -147,7 +147,28 @@ class DedupJob(DjangoTask):  # type: ignore[type-arg]
         )
 
     def job_key(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> JobKey:
-        return keys.build_key(self.dedup_kind, self.name, self.job_id(args, kwargs))
+        """The key of a dispatch with these arguments. An id its store cannot hold raises
+        :class:`InvalidJobId` here, before any store call (A4)."""
+        ident = self.job_id(args, kwargs)
+        problem = keys.id_problem(ident)
+        if problem is None:
+            key = keys.build_key(self.dedup_kind, self.name, ident)
+            try:
+                store = self.store()
+            except DedupError:
+                return key  # an unknown store: the caller's own lookup says so
+            problem = store.key_problem(key)
+            if problem is None:
+                return key
+        raise InvalidJobId(self.name, self._id_source(), ident, problem)
+
+    def _id_source(self) -> str:
+        """Where the id came from, for error messages."""
+        if getattr(self, self._id_hook, None) is not None:
+            return f"{self._id_hook}()"
+        fields = getattr(self, self._key_fields_option, None)
+        chosen = f"{self._key_fields_option} = {tuple(fields)!r}" if fields else "all arguments"
+        return f"the default key ({chosen}; define {self._id_hook}() to choose the id)"
 
     def header(self) -> dict[str, Any] | None:
         """The dedup header of the message being executed, if it has one."""

@@ -169,6 +169,11 @@ class BaseStore(ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.alias!r}>"
 
+    def key_problem(self, key: JobKey) -> str | None:
+        """Why this store cannot hold ``key`` (a sentence ending with what to do), or None.
+        Checked at dispatch before any store call, so it must not touch the store (A4)."""
+        return None
+
     def close(self) -> None:
         """Give back what the store holds between decisions (it is being dropped)."""
         return None

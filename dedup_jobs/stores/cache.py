@@ -21,6 +21,7 @@ from typing import Any
 from celery.utils import uuid
 from django.core.cache import caches
 
+from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
@@ -67,6 +68,32 @@ class CacheStore(BaseStore):
         self.cache: Any = caches[alias]
         path = backend_path(self.cache)
         self.atomic = path not in NON_ATOMIC_BACKENDS
+        from django.core.cache.backends.memcached import BaseMemcachedCache
+
+        #: memcached refuses keys with spaces or control characters, or over 250 bytes
+        self.strict_keys = isinstance(self.cache, BaseMemcachedCache)
+
+    def key_problem(self, key: JobKey) -> str | None:
+        """On memcached, every cache key the store writes for ``key`` (the longest: a
+        debounce's per-dispatch id keys) must pass the cache's own key check, after its
+        KEY_PREFIX, VERSION and KEY_FUNCTION (a key function that hashes makes any id fit)."""
+        if not self.strict_keys:
+            return None
+        from django.core.cache.backends.base import InvalidCacheKey
+
+        longest = key.key
+        if key.key.startswith(f"{app_settings.KEY_PREFIX}:debounce:"):
+            longest = self._ids_key(key, "0" * 36, 999_999)
+        try:
+            self.cache.validate_key(self.cache.make_key(longest))
+        except InvalidCacheKey as exc:
+            return (
+                f"memcached cannot hold in a key ({exc}). Return an id without spaces or "
+                f"control characters and short enough (e.g. a hash of it), set a "
+                f"KEY_FUNCTION on the cache that hashes keys, or use a django-redis cache or "
+                f"the database store."
+            )
+        return None
 
     def _value(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
                acquired: float | None = None) -> dict[str, Any]:

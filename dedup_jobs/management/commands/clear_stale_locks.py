@@ -48,7 +48,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--dry-run", action="store_true", help="List what would be removed; remove nothing."
+            "--dry-run",
+            action="store_true",
+            help="Remove nothing; list each lock that would be removed (job, id, owner, why).",
         )
         parser.add_argument(
             "--job", metavar="NAME", help="Only locks of this job (its Celery task name)."
@@ -165,7 +167,7 @@ class Command(BaseCommand):
         self.totals["kept: running"] += len(locks) - len(queued)
         if self.remove_all:
             for lock in queued:
-                self._remove(target, lock, "--all")
+                self._remove(target, lock, "--all (queued, not running)")
             return
         finished = self.owner_states.finished([lock.owner for lock in queued])
         old: list[LockInfo] = []
@@ -194,10 +196,14 @@ class Command(BaseCommand):
     def _remove(
         self, target: BaseStore, lock: LockInfo, reason: str, *, expired: bool = False
     ) -> None:
-        label = f"{lock.task_name}[{lock.ident}] in {target.alias!r}, owner {lock.owner}"
+        label = (
+            f"{printable(lock.task_name)}[{printable(lock.ident)}] in {target.alias!r}, "
+            f"owner {printable(lock.owner)}"
+        )
         if self.dry_run:
+            # A2: every lock a dry run would remove, one a line, at the default verbosity.
             self.totals["would remove"] += 1
-            self._say(f"would remove {label}: {reason}", level=2)
+            self._say(f"would remove {label}: {reason}")
             return
         key = _key(lock)
         if expired:
@@ -251,6 +257,14 @@ class Command(BaseCommand):
                 + "."
             )
         )
+
+
+def printable(text: str) -> str:
+    """``text`` with its unprintable characters (newlines, NUL, ...) escaped as Python
+    would write them, so that one lock stays on one line of output."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _key(lock: LockInfo) -> Any:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Q
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
@@ -29,8 +29,11 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
+from dedup_jobs.stores.search import Search
 
 UPSERT_VENDORS = ("postgresql", "sqlite")
+#: rows read per fetch when the admin searches
+SEARCH_CHUNK = 2000
 
 UPSERT = """
 INSERT INTO {t} ("key", task_name, ident, owner, state, acquired_at, expires_at, nonce)
@@ -66,6 +69,21 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
 
     def __init__(self, alias: str = "database") -> None:
         super().__init__(alias)
+
+    def key_problem(self, key: JobKey) -> str | None:
+        """The key and task name must fit their columns (PostgreSQL and MySQL enforce the
+        lengths; SQLite would keep them, but a job must not depend on that)."""
+        debounce = key.key.startswith(f"{app_settings.KEY_PREFIX}:debounce:")
+        model = PendingDebounce if debounce else JobLock
+        for value, column in ((key.task_name, "task_name"), (key.key, "key")):
+            limit = getattr(model._meta.get_field(column), "max_length", None)
+            if limit is not None and len(value) > limit:
+                return (
+                    f"makes the {column} {len(value)} characters long, more than the "
+                    f"{limit} the database store's {model.__name__}.{column} column holds. "
+                    f"Use a shorter task name (or DEDUP_JOBS['KEY_PREFIX'])."
+                )
+        return None
 
     @property
     def using(self) -> str:
@@ -319,14 +337,32 @@ class DatabaseStore(DatabaseDebounceMixin, BaseStore):
 
     def _page(self, rows: Any, parse: Any, *, offset: int, limit: int, task_name: str,
               search: str) -> Page[Any]:
+        """Without a search: a count and a slice (two indexed queries). With one: the job
+        names and ids streamed in page order, matched in Python as every store matches
+        (:mod:`dedup_jobs.stores.search`; SQL ``LIKE`` folds case by the database's rules),
+        stopping once the page is full, then the page's rows by primary key."""
+        wanted = Search.of(search)
+
         def read() -> Page[Any]:
             narrowed = rows.filter(task_name=task_name) if task_name else rows
-            if search:
-                narrowed = narrowed.filter(
-                    Q(task_name__icontains=search) | Q(ident__icontains=search))
-            total = narrowed.count()
-            items = [parse(row) for row in narrowed[offset:offset + limit]]
-            return Page(items=items, total=total, has_more=offset + limit < total)
+            if wanted is None:
+                total = narrowed.count()
+                items = [parse(row) for row in narrowed[offset:offset + limit]]
+                return Page(items=items, total=total, has_more=offset + limit < total)
+            found: list[int] = []
+            complete = True
+            names = narrowed.values_list("pk", "task_name", "ident")
+            with closing(names.iterator(chunk_size=SEARCH_CHUNK)) as stream:
+                for pk, name, ident in stream:
+                    if wanted.matches(name, ident):
+                        found.append(pk)
+                        if len(found) > offset + limit:
+                            complete = False
+                            break
+            chosen = found[offset:offset + limit]
+            items = [parse(row) for row in narrowed.filter(pk__in=chosen)] if chosen else []
+            return Page(items=items, total=len(found) if complete else None,
+                        has_more=len(found) > offset + limit)
 
         return self._guard(read)  # type: ignore[no-any-return]
 

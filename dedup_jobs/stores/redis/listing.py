@@ -10,6 +10,7 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, DebounceState, LockInfo, Page, decode_call
 from dedup_jobs.stores.redis.connection import _text
+from dedup_jobs.stores.search import Search
 
 #: index entries examined per ZSCAN call when the admin searches
 SCAN_COUNT = 2000
@@ -146,39 +147,102 @@ class RedisListing:
     def _page(self, index: str, kind: str, parse: Any, *, offset: int, limit: int,
               task_name: str, search: str, min_score: int | None) -> Page[Any]:
         """Without a filter: count and range of the index by score in one pipeline, then one
-        pipelined read of the page. With a job or a search: ZSCAN MATCH over the index
-        (server-side filtering, never KEYS), stopping as soon as the page is full.
+        pipelined read of the page. With a job or a search: ZSCAN MATCH over the index (never
+        KEYS), in the passes of :meth:`_patterns`, each batch checked in Python against the
+        search (:mod:`dedup_jobs.stores.search`), stopping as soon as the page is full.
         ``min_score`` leaves out entries that expired (locks are scored by expiry)."""
         low: Any = "-inf" if min_score is None else min_score
+        wanted = Search.of(search)
+        if task_name and wanted is not None and wanted.matches(task_name, ""):
+            wanted = None  # the job's name matches: so does every lock of the job
         try:
-            if not task_name and not search:
+            if not task_name and wanted is None:
                 pipe = self.client.pipeline(transaction=False)
                 pipe.zcount(index, low, "+inf")
                 pipe.zrangebyscore(index, low, "+inf", start=offset, num=limit)
                 total, members = pipe.execute()
                 return Page(items=self._read(members, parse), total=int(total),
                             has_more=offset + limit < int(total))
-            pattern = glob_escape(self.physical(f"{app_settings.KEY_PREFIX}:{kind}:"))
-            pattern += glob_escape(f"{task_name}:") if task_name else ""
-            pattern += f"*{glob_icase(search)}*" if search else "*"
+            marker = f"{app_settings.KEY_PREFIX}:{kind}:"
             matches: list[tuple[bytes, float]] = []
             seen: set[bytes] = set()
-            cursor = 0
-            while True:
-                cursor, entries = self.client.zscan(index, cursor, match=pattern,
-                                                    count=SCAN_COUNT)
-                for member, score in entries:
-                    if (min_score is None or score >= min_score) and member not in seen:
-                        seen.add(member)
-                        matches.append((member, score))
-                if cursor == 0 or len(matches) > offset + limit:
-                    break
+            complete = True
+            for pattern in self._patterns(marker, task_name, wanted):
+                cursor = 0
+                while complete:
+                    cursor, entries = self.client.zscan(index, cursor, match=pattern,
+                                                        count=SCAN_COUNT)
+                    fresh = [
+                        (member, score) for member, score in entries
+                        if (min_score is None or score >= min_score) and member not in seen
+                    ]
+                    seen.update(member for member, _score in fresh)
+                    if wanted is not None:
+                        fresh = self._searched(fresh, wanted, marker, task_name)
+                    matches.extend(fresh)
+                    complete = len(matches) <= offset + limit
+                    if cursor == 0:
+                        break
             page = sorted(matches[offset:offset + limit], key=lambda entry: entry[1])
             items = self._read([member for member, _score in page], parse)
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
-        return Page(items=items, total=len(matches) if cursor == 0 else None,
+        return Page(items=items, total=len(matches) if complete else None,
                     has_more=len(matches) > offset + limit)
+
+    def _patterns(self, marker: str, task_name: str, wanted: Search | None) -> list[bytes]:
+        """MATCH patterns (bytes: Redis matches bytes) whose passes together return every
+        index entry that may match, each then checked exactly in Python. ASCII keys fold
+        like ASCII, so an ASCII search is matched inside Redis with ``[aA]`` classes; keys
+        with any other byte (UTF-8 of a non-ASCII job name or id) and keys with a hashed id
+        (whose readable id is only in the hash) come in passes of their own, few in most
+        stores."""
+        prefix = glob_escape(self.physical(marker))
+        prefix += glob_escape(f"{task_name}:") if task_name else ""
+        start = prefix.encode("utf-8")
+        if wanted is None:
+            return [start + b"*"]
+        patterns = []
+        if wanted.folded.isascii():
+            patterns.append(start + b"*" + glob_icase(wanted.folded).encode("ascii") + b"*")
+        patterns.append(start + b"*[\x80-\xff]*")
+        patterns.append(start + b"*:sha256-*")
+        return patterns
+
+    def _searched(self, entries: list[tuple[bytes, float]], wanted: Search, marker: str,
+                  task_name: str) -> list[tuple[bytes, float]]:
+        """The index entries whose job name or readable id matches ``wanted``. Decided from
+        the key where it tells the job name and id apart; otherwise (an id with a ``:``, a
+        hashed id, a key function that hides the key) from the hash's ``task`` and ``id``
+        fields, one pipelined HMGET for the batch."""
+        found: list[tuple[bytes, float]] = []
+        unsure: list[tuple[bytes, float]] = []
+        for member, score in entries:
+            text = _text(member)
+            at = text.find(marker)
+            if at < 0:
+                unsure.append((member, score))
+                continue
+            tail = text[at + len(marker):]
+            if not wanted.may_match_key(tail):
+                continue
+            parts = Search.split_key(tail, task_name)
+            if parts is None:
+                unsure.append((member, score))
+            elif wanted.matches(*parts):
+                found.append((member, score))
+        if unsure:
+            pipe = self.client.pipeline(transaction=False)
+            for member, _score in unsure:
+                pipe.hmget(member, "task", "id")
+            for entry, (task, ident) in zip(unsure, pipe.execute(), strict=True):
+                if task is None and ident is None:
+                    continue  # gone meanwhile
+                task_text, id_text = _text(task or b""), _text(ident or b"")
+                if (not task_name or task_text == task_name) and wanted.matches(task_text,
+                                                                                  id_text):
+                    found.append(entry)
+        return found
 
     def trim_index(self) -> int:
         """Drop index entries of locks that expired (their keys are gone already)."""
@@ -190,15 +254,11 @@ class RedisListing:
             raise StoreUnavailable(self.alias, exc) from exc
 
 
-
 def glob_escape(text: str) -> str:
     """``text`` matched literally by a Redis glob pattern (MATCH)."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def glob_icase(text: str) -> str:
-    """``text`` as a case-insensitive Redis glob: letters become ``[aA]`` classes."""
-    return "".join(
-        f"[{c.lower()}{c.upper()}]" if c.isascii() and c.isalpha() else glob_escape(c)
-        for c in text
-    )
+    """ASCII ``text`` as a case-insensitive Redis glob: letters become ``[aA]`` classes."""
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else glob_escape(c) for c in text)
