@@ -182,3 +182,15 @@ def guard_pid_retry(self: UniqueJob, token: str, gate: str = "") -> int:
     if self.request.retries == 0:
         wait_gate(gate)
     return int(self.request.retries)
+
+
+@shared_task(base=UniqueJob, unique_for=1, unique_on=("token",), name="tests.guard_busy")
+def guard_busy(token: str, seconds: float) -> str:
+    """A body that never yields: a CPU loop of ``seconds`` (longer than a lease, W6), so a
+    green thread of the gevent or eventlet pool never runs meanwhile."""
+    record(token, "start")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    record(token, "done")
+    return token

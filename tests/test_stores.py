@@ -16,6 +16,7 @@ from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import Renewed
 from tests import jobs
 
 MEMORY = "memory://"  # publish without touching Redis, so commandstats count only the store
@@ -212,8 +213,8 @@ def test_renew_never_shortens_and_only_for_owner(store_name: str) -> None:
     key = jobs.unique_sleep.job_key((1,), {})
     now = clock.now()
     store.acquire(key, "a", 100, now=now)
-    assert store.renew(key, "b", 500, now=now) is False
-    assert store.renew(key, "a", 10, now=now) is True
+    assert store.renew(key, "b", 500, now=now) == Renewed(held=False, holder="a")
+    assert store.renew(key, "a", 10, now=now) == Renewed(held=True)
     lock = store.get(key)
     assert lock is not None and lock.expires_at is not None
     assert lock.expires_at == pytest.approx(now + 100, abs=1)

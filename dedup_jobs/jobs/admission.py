@@ -46,6 +46,7 @@ class Admitted:
     key: JobKey | None = None
     alias: str = ""
     checked: bool = True  # False: the store could not answer (W4), run and release after
+    delivery: str | None = None  # this delivery's nonce (W5), kept by the lease (W6)
 
 
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
@@ -69,9 +70,10 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         # W5: the first delivery ran to its end; this copy is dropped, its result kept.
         logger.info("%s[%s]: redelivered copy of a finished run dropped.", job.name, owner)
         raise Ignore()
+    delivery = new_request_id()
     try:
         started = store.start(key, owner, app_settings.LEASE_SECONDS, now=clock.now(),
-                              release=job.release_on_start, delivery=new_request_id())
+                              release=job.release_on_start, delivery=delivery)
     except StoreUnavailable:
         logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
                        job.name, owner, alias, exc_info=True)
@@ -86,7 +88,8 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
     if started.released:
         notify(lock_released, type(job), key=key.key, owner=owner, store=alias,
                reason="processing")
-    return Admitted(run=True, owner=owner, store=store, key=key, alias=alias)
+    return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
+                    delivery=delivery)
 
 
 def is_redelivered(request: Any, header: dict[str, Any] | None) -> bool:

@@ -1,19 +1,32 @@
-"""Leases: a running job's lock is renewed from a daemon thread of the worker process, so it
-never expires while that process lives and is gone within LEASE_SECONDS after it dies."""
+"""Leases: a running job's lock is renewed from an OS thread of the worker process, so it
+never expires while that process lives and is gone within LEASE_SECONDS after it dies.
+
+A renewal that finds the lock gone (store flushed, key evicted, a failover that lost it, a
+release under the job) takes it back for the same owner (W6); one that finds another owner
+sends ``lock_lost``, logs a WARNING and stops, leaving that owner's lock alone. Under gevent
+and eventlet the thread is a real OS thread (see ``native``), renews through stores of its own
+(:meth:`BaseStore.for_thread`) and hands its log records and signals to a green thread of the
+worker, since code run by the OS thread must not touch the hub's sockets or green locks."""
 
 from __future__ import annotations
 
 import logging
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 
 from dedup_jobs import clock
+from dedup_jobs.jobs import native
+from dedup_jobs.jobs.base import notify
 from dedup_jobs.keys import JobKey
+from dedup_jobs.signals import lock_lost
 from dedup_jobs.stores.base import BaseStore
 
 logger = logging.getLogger("dedup_jobs")
@@ -21,6 +34,11 @@ logger = logging.getLogger("dedup_jobs")
 
 #: seconds the renewal thread sleeps when no job is running
 IDLE_WAIT = 5.0
+#: seconds between two deliveries of the lease's log records and signals under gevent/eventlet
+DELIVER_EVERY = 0.2
+
+#: a log record or a signal, as a call to make later
+Deferred = Callable[[], object]
 
 
 @dataclass(kw_only=True)
@@ -29,101 +47,217 @@ class _Lease:
     key: JobKey
     owner: str
     ttl: float
+    sender: type  # the task class: sender of lock_lost
+    delivery: str | None  # the nonce of this delivery's start (W5), kept when taken back
     due: float = field(default=0.0)  # time.monotonic() of the next renewal
 
 
 class LeaseKeeper:
     """One renewal thread per process (re-created after a fork), shared by all running jobs:
-    works with the prefork, threads and solo pools. Each lease is renewed every third of its
-    length, so the lock outlives a late renewal or two but not the process."""
+    prefork, threads, solo, gevent and eventlet pools. Each lease is renewed every third of
+    its length, so the lock outlives a late renewal or two but not the process."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        # Real locks even when the process is monkey-patched: a green thread only ever holds
+        # _mutex for a few dict operations (it never yields while holding it).
+        allocate = native.original_thread().allocate_lock
+        self._mutex = allocate()
+        self._bell = native.Bell(allocate())
         self._leases: dict[int, _Lease] = {}
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
+        self._next_token = 0
+        self._in_flight: int | None = None  # the token being renewed right now
         self._thread: threading.Thread | None = None
         self._pid = 0
-        self._next_token = 0
-
-    @contextmanager
-    def hold(self, store: BaseStore, key: JobKey, owner: str, ttl: float) -> Iterator[None]:
-        """Renew ``owner``'s lock at ``key`` for ``ttl`` seconds at a time while the block runs."""
-        lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, due=time.monotonic() + ttl / 3)
-        with self._mutex:
-            self._next_token += 1
-            token = self._next_token
-            self._leases[token] = lease
-            self._ensure_thread()
-        self._wake.set()
-        try:
-            yield
-        finally:
-            with self._mutex:
-                self._leases.pop(token, None)
+        self._green = ""  # "gevent"/"eventlet" once the thread runs in a patched process
+        self._events: deque[Deferred] = deque()  # log records and signals for the green side
+        self._delivering = False
+        self._own: dict[int, tuple[BaseStore, BaseStore]] = {}  # the thread's own stores
 
     def _after_fork(self) -> None:
         # The parent's thread and mutex state did not come along into the child.
-        self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
-        self._leases = {}
+        self._reset()
 
     def active(self) -> int:
         with self._mutex:
             return len(self._leases)
 
-    def _ensure_thread(self) -> None:
+    @contextmanager
+    def hold(
+        self, store: BaseStore, key: JobKey, owner: str, ttl: float, *, sender: type,
+        delivery: str | None = None,
+    ) -> Iterator[None]:
+        """Renew ``owner``'s lock at ``key`` for ``ttl`` seconds at a time while the block
+        runs. When the block ends no renewal of it is under way or will start, so the caller
+        may release the lock right after (a renewal never takes back a finished job's lock)."""
+        lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, sender=sender,
+                       delivery=delivery, due=time.monotonic() + ttl / 3)
+        with self._mutex:
+            self._next_token += 1
+            token = self._next_token
+            self._leases[token] = lease
+            deliver = self._ensure_thread()
+        if deliver:
+            threading.Thread(target=self._keep_delivering, daemon=True).start()
+        self._bell.ring()
+        try:
+            yield
+        finally:
+            self._stop(token)
+            self._deliver()
+
+    def _stop(self, token: int) -> None:
+        while True:
+            with self._mutex:
+                self._leases.pop(token, None)
+                if self._in_flight != token:
+                    return
+            time.sleep(0.002)  # green under gevent/eventlet: the hub runs meanwhile
+
+    # -- the green side (gevent, eventlet) ---------------------------------------------------
+
+    def _deliver(self) -> None:
+        """Run the log records and signals the OS thread left for the hub's side."""
+        while True:
+            try:
+                event = self._events.popleft()
+            except IndexError:
+                return
+            event()
+
+    def _keep_delivering(self) -> None:
+        """A green thread delivering while leases run (also while a job's body yields)."""
+        while True:
+            self._deliver()
+            with self._mutex:
+                if not self._leases and not self._events:
+                    self._delivering = False
+                    return
+            time.sleep(DELIVER_EVERY)
+
+    # -- the renewal thread -------------------------------------------------------------------
+
+    def _ensure_thread(self) -> bool:
+        """Start the thread if this process has none (called holding _mutex). True when the
+        caller must start a green delivering thread (outside _mutex: starting one yields)."""
         pid = os.getpid()
-        if self._thread is not None and self._pid == pid and self._thread.is_alive():
-            return
-        self._pid = pid
-        self._thread = threading.Thread(target=self._loop, name="dedup-jobs-lease", daemon=True)
-        self._thread.start()
+        alive = self._pid == pid and (self._thread is None or self._thread.is_alive())
+        if not alive:
+            self._pid = pid
+            self._green = native.green()
+            if self._green:
+                self._thread = None  # a real OS thread, unknown to the patched threading
+                native.original_thread().start_new_thread(self._loop, ())
+            else:
+                self._thread = threading.Thread(
+                    target=self._loop, name="dedup-jobs-lease", daemon=True
+                )
+                self._thread.start()
+        if self._green and not self._delivering:
+            self._delivering = True
+            return True
+        return False
 
     def _loop(self) -> None:
         while True:
-            with self._mutex:
-                current = list(self._leases.items())
-            now = time.monotonic()
-            next_due = min((lease.due for _, lease in current), default=now + IDLE_WAIT)
-            if next_due > now:
-                self._wake.wait(min(next_due - now, IDLE_WAIT))
-                self._wake.clear()
-                continue
-            self._renew([(token, lease) for token, lease in current if lease.due <= now], now)
+            try:
+                self._tick()
+            except Exception:  # never let the thread die: every lease depends on it
+                self._emit([partial(logger.error, "The lease thread failed; going on.",
+                                    exc_info=sys.exc_info())])
+                self._bell.wait(1.0)
 
-    def _renew(self, due: list[tuple[int, _Lease]], now: float) -> None:
+    def _tick(self) -> None:
+        with self._mutex:
+            current = list(self._leases.items())
+        now = time.monotonic()
+        next_due = min((lease.due for _, lease in current), default=now + IDLE_WAIT)
+        if next_due > now:
+            self._bell.wait(min(next_due - now, IDLE_WAIT))
+            return
         used_database = False
-        for token, lease in due:
+        for token, lease in current:
+            if lease.due > now:
+                continue
             lease.due = now + lease.ttl / 3
             used_database = used_database or lease.store.alias == "database"
-            try:
-                renewed = lease.store.renew(lease.key, lease.owner, lease.ttl, now=clock.now())
-            except Exception:
-                logger.warning(
-                    "Lease renewal of %s failed; trying again in %.1fs.",
-                    lease.key.key,
-                    lease.ttl / 3,
-                    exc_info=True,
-                )
-                continue
-            if renewed:
-                continue
-            with self._mutex:
-                running = token in self._leases
-            if running:
-                # Released under it (admin, command) or expired: never take it back.
-                lease.due = math.inf
-                logger.warning(
-                    "The lock %s of running task %s is gone or held by another owner; it is "
-                    "no longer renewed.",
-                    lease.key.key,
-                    lease.owner,
-                )
+            self._renew(token, lease)
         if used_database:
             from django.db import connections
 
-            connections.close_all()
+            connections.close_all()  # this thread's own connections
+
+    def _renew(self, token: int, lease: _Lease) -> None:
+        with self._mutex:
+            if token not in self._leases:
+                return  # the job ended meanwhile: never renew (or take back) its lock
+            self._in_flight = token
+        events: list[Deferred] = []
+        try:
+            events = self._decide(lease)
+        finally:
+            with self._mutex:
+                self._in_flight = None
+        self._emit(events)
+
+    def _emit(self, events: list[Deferred]) -> None:
+        if self._green:
+            self._events.extend(events)  # delivered by the green side (see _deliver)
+        else:
+            for event in events:
+                event()
+
+    def _decide(self, lease: _Lease) -> list[Deferred]:
+        """One renewal; what to log and send about it."""
+        key, owner = lease.key.key, lease.owner
+        try:
+            renewed = self._store(lease.store).renew(
+                lease.key, owner, lease.ttl, now=clock.now(), delivery=lease.delivery
+            )
+        except Exception:
+            # Store errors: try again at the next interval.
+            return [partial(
+                logger.warning, "Lease renewal of %s (task %s) failed; trying again in %.1fs.",
+                key, owner, lease.ttl / 3, exc_info=sys.exc_info(),
+            )]
+        if renewed.held:
+            if not renewed.retaken:
+                return []
+            return [partial(
+                logger.info,
+                "The lock %s of running task %s was gone (store flushed, key evicted or "
+                "released); it is held again.",
+                key, owner,
+            )]
+        lease.due = math.inf  # another owner's now: stop renewing, never touch its lock
+        return [
+            partial(
+                logger.warning,
+                "The lock %s of running task %s is held by another owner, %s: its body "
+                "keeps running, the lock is no longer renewed and is left to its owner.",
+                key, owner, renewed.holder,
+            ),
+            partial(
+                notify, lock_lost, lease.sender, key=key, owner=owner,
+                store=lease.store.alias, holder=renewed.holder, observed=False,
+            ),
+        ]
+
+    def _store(self, store: BaseStore) -> BaseStore:
+        """The store to renew through: under gevent/eventlet one of this thread's own."""
+        if not self._green:
+            return store
+        found = self._own.get(id(store))
+        if found is None or found[0] is not store:
+            if len(self._own) >= 16:  # stores dropped by settings changes
+                for shared, own in self._own.values():
+                    if own is not shared:
+                        own.close()
+                self._own.clear()
+            found = self._own[id(store)] = (store, store.for_thread())
+        return found[1]
 
 
 leases = LeaseKeeper()

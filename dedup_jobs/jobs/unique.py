@@ -223,26 +223,29 @@ class UniqueJob(DedupJob):
         if self.release_on_start:
             return self.run(*args, **kwargs)
         lease = app_settings.LEASE_SECONDS
-        with leases.hold(store, key, owner, lease):
-            try:
+        # Released only once the lease has stopped: a renewal after the release would take
+        # the finished job's lock back (W6).
+        try:
+            with leases.hold(store, key, owner, lease, sender=type(self),
+                             delivery=admitted.delivery):
                 result = self.run(*args, **kwargs)
-            except Retry:
-                raise  # the retry was published with the lock kept for it
-            except Reject as exc:
-                if getattr(exc, "requeue", False):
-                    # The requeued message runs next: mark the lock queued again, so that its
-                    # delivery is not taken for a second copy of a live run (W5).
-                    self._try_acquire(store, key, owner, self.lock_ttl(), clock.now(),
-                                      reentrant=True)
-                else:
-                    self._finish(store, key, owner, alias, "failure")
-                raise
-            except Ignore:
-                self._finish(store, key, owner, alias, "success")
-                raise
-            except BaseException:
+        except Retry:
+            raise  # the retry was published with the lock kept for it
+        except Reject as exc:
+            if getattr(exc, "requeue", False):
+                # The requeued message runs next: mark the lock queued again, so that its
+                # delivery is not taken for a second copy of a live run (W5).
+                self._try_acquire(store, key, owner, self.lock_ttl(), clock.now(),
+                                  reentrant=True)
+            else:
                 self._finish(store, key, owner, alias, "failure")
-                raise
+            raise
+        except Ignore:
+            self._finish(store, key, owner, alias, "success")
+            raise
+        except BaseException:
+            self._finish(store, key, owner, alias, "failure")
+            raise
         if getattr(request, "dedup_handed_over", False):
             return result  # self.retry(throw=False): the retry message owns the lock now
         self._finish(store, key, owner, alias, "success")

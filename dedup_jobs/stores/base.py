@@ -63,6 +63,15 @@ class Started:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Renewed:
+    """The answer of :meth:`BaseStore.renew`, the lease of a running job."""
+
+    held: bool  # the caller holds the lock now (extended, or taken back)
+    retaken: bool = False  # the key was free (flushed, evicted, expired, released): taken back
+    holder: str | None = None  # the other owner when held is False
+
+
+@dataclass(frozen=True, kw_only=True)
 class DebounceState:
     """A pending debounce (one burst not yet run), as the admin lists it."""
 
@@ -178,6 +187,13 @@ class BaseStore(ABC):
         """Give back what the store holds between decisions (it is being dropped)."""
         return None
 
+    def for_thread(self) -> BaseStore:
+        """A store like this one for the calling thread alone, sharing no connection with
+        other threads. The lease's OS thread uses it under gevent or eventlet, where a
+        socket can only wait in the thread (hub) that made it. Made in the calling thread,
+        so Django's per-thread caches and database connections are that thread's own."""
+        return type(self)(self.alias)
+
     @abstractmethod
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
@@ -201,8 +217,15 @@ class BaseStore(ABC):
         """Compare-and-delete: delete the lock only if ``owner`` holds it."""
 
     @abstractmethod
-    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
-        """Extend ``owner``'s lock to expire no sooner than ``now + ttl``; never shortens it."""
+    def renew(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
+    ) -> Renewed:
+        """The lease of ``owner``'s running job, atomically. Held by ``owner``: extend the lock
+        to expire no sooner than ``now + ttl`` (never shorten it). Free (flushed, evicted,
+        expired, released under the job): take it back for ``owner``, state running, with
+        the task name and readable id of ``key``, for ``ttl`` seconds (``retaken``), marked
+        as run by ``delivery`` (the nonce its ``start`` was given, W5). Held by another
+        owner: change nothing and report it."""
 
     @abstractmethod
     def get(self, key: JobKey) -> LockInfo | None:

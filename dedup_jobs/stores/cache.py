@@ -3,8 +3,9 @@ cache session backend does). Atomic on locmem and memcached; the database and fi
 are accepted with a system-check warning; DummyCache is refused.
 
 Release, renew and the worker check read then write (two cache calls): a lock that expires
-between the two can be deleted or overwritten by its former owner. The django-redis and
-database stores have no such window.
+between the two can be deleted or overwritten by its former owner (a renewal that finds the
+key free takes it back with ``add``, so that step never overwrites a lock taken meanwhile).
+The django-redis and database stores have no such window.
 
 Debounce state is a dict at the debounce key, read and written under a short mutex taken with
 ``cache.add`` (so it is as atomic as ``add`` is); each dispatch id of a burst sits in a key of
@@ -38,6 +39,7 @@ from dedup_jobs.stores.base import (
     DebounceState,
     Due,
     LockInfo,
+    Renewed,
     Started,
     decode_call,
 )
@@ -153,14 +155,27 @@ class CacheStore(BaseStore):
         self.cache.delete(key.key)
         return True
 
-    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
-        current = self.cache.get(key.key)
-        if current is None or current["owner"] != owner:
-            return False
-        if current["expires"] < now + ttl:
-            current = {**current, "expires": now + ttl}
-            self.cache.set(key.key, current, ttl)
-        return True
+    def renew(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
+    ) -> Renewed:
+        for _ in range(5):
+            current = self.cache.get(key.key)
+            if current is None:
+                # Gone (evicted, flushed, expired, released): take it back, "must create",
+                # under the running delivery's nonce as start() leaves it (W5).
+                value = self._value(key, owner, RUNNING, now, ttl)
+                if delivery:
+                    value.update(run=delivery, took=False)
+                if self.cache.add(key.key, value, ttl):
+                    return Renewed(held=True, retaken=True)
+                continue  # somebody took it in between: decide on what is there now
+            if current["owner"] != owner:
+                return Renewed(held=False, holder=str(current["owner"]))
+            if current["expires"] < now + ttl:
+                current = {**current, "expires": now + ttl}
+                self.cache.set(key.key, current, ttl)
+            return Renewed(held=True)
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     def get(self, key: JobKey) -> LockInfo | None:
         current = self.cache.get(key.key)

@@ -121,23 +121,39 @@ if redis.call('GET', KEYS[3]) == ARGV[2] then return 1 end
 return 0
 """
 
-# RENEW — extend the caller's lock so it expires no sooner than now + ttl; never shortens.
-# KEYS[1] lock key, KEYS[2] index key; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME)
-# Returns 1 when the caller holds the lock (extended or already long enough), 0 otherwise.
+# RENEW — the lease of a running job: extend the caller's lock so it expires no sooner than
+# now + ttl (never shortens it); take the key back for the caller when it is free (the lock
+# was flushed, evicted or released under the running job, W6); never touch another owner's.
+# KEYS[1] lock key, KEYS[2] index key
+# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME), ARGV[4] task name,
+# ARGV[5] readable id, ARGV[6] the running delivery's nonce ("": unknown), kept in 'run' as
+# START leaves it, so that W5 still tells a second delivery from this run
+# Returns "1" when the caller held the lock (extended or already long enough), "2" when the
+# key was free and the caller holds it again (state running, its index entry back), or
+# "0" .. holder when another owner holds it. A re-send answers "1" and changes nothing more.
 RENEW = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then
-  return 0
+local cur = redis.call('HGET', KEYS[1], 'owner')
+if cur and cur ~= ARGV[1] then
+  return '0' .. cur
 end
 local ttl = tonumber(ARGV[2])
-if redis.call('PTTL', KEYS[1]) < ttl then
+if cur and redis.call('PTTL', KEYS[1]) >= ttl then
+  return '1'
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local expires = now + ttl
-  redis.call('PEXPIRE', KEYS[1], ttl)
+local expires = now + ttl
+if cur then
   redis.call('HSET', KEYS[1], 'expires', expires)
-  redis.call('ZADD', KEYS[2], expires, KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'running', 'acquired', now,
+             'expires', expires, 'task', ARGV[4], 'id', ARGV[5])
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'run', ARGV[6], 'took', '0') end
 end
-return 1
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], expires, KEYS[1])
+if cur then return '1' end
+return '2'
 """
 
 # RELEASE_QUEUED — an operator's compare-and-delete (clear_stale_locks): only the owner's lock,

@@ -22,6 +22,7 @@ from dedup_jobs.stores.base import (
     BaseStore,
     Debounced,
     Due,
+    Renewed,
     Started,
     decode_call,
     new_request_id,
@@ -104,8 +105,15 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
         return bool(self._call_with_tombstone(
             "RELEASE", key, owner, new_request_id(), self._tombstone_ms()))
 
-    def renew(self, key: JobKey, owner: str, ttl: float, *, now: float) -> bool:
-        return bool(self._call("RENEW", key, owner, _ms(ttl), _ms(now)))
+    def renew(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
+    ) -> Renewed:
+        answer = _text(self._call(
+            "RENEW", key, owner, _ms(ttl), _ms(now), key.task_name, key.ident, delivery or "",
+        ))
+        if answer[0] == "0":
+            return Renewed(held=False, holder=answer[1:])
+        return Renewed(held=True, retaken=answer == "2")
 
     # -- debounce -----------------------------------------------------------------------
 
