@@ -11,6 +11,7 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs import clock
+from dedup_jobs.jobs import unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, encode_call
@@ -130,3 +131,71 @@ def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client
     assert store.skew_ms > -1000
     assert store.acquire(build_key("unique", "tests.idempotent", "item=2"), "b", 30,
                          now=clock.now()).acquired
+
+
+# Found by tests/test_protocol_property.py (its minimal examples, run with
+# DEDUP_JOBS_PROPERTY_STRICT=1); the protocol is left as it is for now.
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "S7: an until-processing START that finds the lock gone answers 'run' and leaves no "
+    "tombstone, so its re-send after another dispatch took the key answers 'skip'. The first "
+    "changed nothing, so acting on the re-send is as if only it had been sent, but S7 asks "
+    "for the same answer."))
+def test_until_processing_start_resent_after_the_lock_was_lost(
+    store: Any, redis_client: Any
+) -> None:
+    """S7/P1: a dispatch (until processing), FLUSHDB, the START (release) whose reply is lost,
+    a new dispatch takes the key, the START re-sent: it answers as the first did (run)."""
+    assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
+    redis_client.flushdb()
+    first = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
+    assert first.run and not first.released
+    assert store.acquire(LOCK, "b", 30, now=clock.now()).acquired
+    again = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
+    assert again == first
+
+
+class _Results:
+    """The result backend undo_lock writes to (its mark_as_revoked), as a dict."""
+
+    ignore_result = False
+
+    def __init__(self) -> None:
+        self.backend = self
+        self.states: dict[str, str] = {}
+
+    def mark_as_revoked(self, task_id: str, reason: str = "", request: Any = None) -> None:
+        self.states[task_id] = "REVOKED"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "S7: undo_lock marks the never-published id REVOKED only when its compare-and-delete "
+    "removed a lock. If the store lost that lock first (FLUSHDB, a restart without "
+    "persistence, eviction, or unique_for running out while the store was away, when "
+    "rollback.py gives up), a dispatch deduplicated onto the id meanwhile waits forever."))
+@pytest.mark.parametrize("loss", ["flush", "unique_for"])
+def test_undo_of_a_lost_lock_still_revokes_its_id(
+    store: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch, loss: str
+) -> None:
+    """S7/U2: a dispatch whose acquire reply was lost (lock taken, nothing published), a second
+    dispatch deduplicated onto its id, the lock lost, the store answers and the undo runs:
+    the never-published id ends REVOKED, so the second caller's .get() returns."""
+    undos: list[Any] = []
+
+    class Recorder:
+        def add(self, what: str, call: Any, *, lifetime: float) -> None:
+            undos.append(call)
+
+    monkeypatch.setattr(unique, "rollbacks", Recorder())
+    job = _Results()
+    store.acquire(LOCK, "lost", 30, now=clock.now())  # its reply never arrives
+    unique.undo_lock(job, store, LOCK, "lost", 30)  # type: ignore[arg-type]
+    assert store.acquire(LOCK, "second", 30, now=clock.now()).holder == "lost"
+    if loss == "flush":
+        redis_client.flushdb()
+    else:
+        redis_client.delete(store.physical(LOCK.key))  # its unique_for ran out
+    for undo in undos:
+        undo()
+    assert job.states.get("lost") == "REVOKED"
