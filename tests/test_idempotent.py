@@ -134,14 +134,9 @@ def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client
 
 
 # Found by tests/test_protocol_property.py (its minimal examples, run with
-# DEDUP_JOBS_PROPERTY_STRICT=1); the protocol is left as it is for now.
+# DEDUP_JOBS_PROPERTY_STRICT=1), then fixed.
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "S7: an until-processing START that finds the lock gone answers 'run' and leaves no "
-    "tombstone, so its re-send after another dispatch took the key answers 'skip'. The first "
-    "changed nothing, so acting on the re-send is as if only it had been sent, but S7 asks "
-    "for the same answer."))
 def test_until_processing_start_resent_after_the_lock_was_lost(
     store: Any, redis_client: Any
 ) -> None:
@@ -169,11 +164,6 @@ class _Results:
         self.states[task_id] = "REVOKED"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "S7: undo_lock marks the never-published id REVOKED only when its compare-and-delete "
-    "removed a lock. If the store lost that lock first (FLUSHDB, a restart without "
-    "persistence, eviction, or unique_for running out while the store was away, when "
-    "rollback.py gives up), a dispatch deduplicated onto the id meanwhile waits forever."))
 @pytest.mark.parametrize("loss", ["flush", "unique_for"])
 def test_undo_of_a_lost_lock_still_revokes_its_id(
     store: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch, loss: str
@@ -184,7 +174,7 @@ def test_undo_of_a_lost_lock_still_revokes_its_id(
     undos: list[Any] = []
 
     class Recorder:
-        def add(self, what: str, call: Any, *, lifetime: float) -> None:
+        def add(self, what: str, call: Any, *, lifetime: float, give_up: Any = None) -> None:
             undos.append(call)
 
     monkeypatch.setattr(unique, "rollbacks", Recorder())

@@ -146,7 +146,10 @@ class LockProtocol(RuleBasedStateMachine):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def add(self, what: str, call: Callable[[], bool], *, lifetime: float) -> None:
+    def add(
+        self, what: str, call: Callable[[], bool], *, lifetime: float,
+        give_up: Callable[[], None] | None = None,
+    ) -> None:
         self.undos.append(("", call))
 
     def new_id(self, prefix: str) -> str:

@@ -42,6 +42,7 @@ class _Undo:
     what: str  # for the log: "lock dedup_jobs:unique:job:id of task abc"
     call: Callable[[], bool]  # True: it removed something; raises while the store is down
     until: float  # time.monotonic() after which the entry has expired by itself
+    give_up: Callable[[], None] | None = None  # what is still owed then (a result to mark)
 
 
 class Rollbacks:
@@ -53,10 +54,14 @@ class Rollbacks:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, what: str, call: Callable[[], bool], *, lifetime: float) -> None:
+    def add(
+        self, what: str, call: Callable[[], bool], *, lifetime: float,
+        give_up: Callable[[], None] | None = None,
+    ) -> None:
         """Undo ``what`` by ``call()`` as soon as the store answers; give up after
-        ``lifetime`` seconds, when the entry has expired by itself."""
-        undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime)
+        ``lifetime`` seconds, when the entry has expired by itself (then ``give_up()``)."""
+        undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime,
+                     give_up=give_up)
         with self._mutex:
             if len(self._pending) >= MAX_PENDING:
                 dropped = self._pending.popleft()
@@ -86,6 +91,11 @@ class Rollbacks:
             wait = wait or FIRST_WAIT
             if time.monotonic() > undo.until:
                 self._done(undo)
+                if undo.give_up is not None:
+                    try:
+                        undo.give_up()
+                    except Exception:
+                        logger.warning("dedup_jobs: gave up on %s", undo.what, exc_info=True)
                 continue
             try:
                 removed = undo.call()

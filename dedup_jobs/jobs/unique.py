@@ -291,19 +291,24 @@ class UniqueJob(DedupJob):
 def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float) -> None:
     """S7: the dispatch of ``owner`` failed with StoreUnavailable, maybe after its acquire ran
     (a lost reply): remove that lock by compare-and-delete as soon as the store answers, and
-    mark ``owner`` REVOKED if a lock was there (a duplicate may have been deduplicated onto
-    it meanwhile: its caller's ``.get()`` must return)."""
+    mark ``owner`` REVOKED (a duplicate may have been deduplicated onto it meanwhile, even if
+    the lock is gone by now — flushed, evicted, expired: its caller's ``.get()`` must return).
+    If the store never answers again within ``ttl``, the lock has expired by itself, and the
+    id is still marked REVOKED."""
 
-    def undo() -> bool:
-        if not store.release(key, owner):
-            return False
+    def revoke() -> None:
         if not job.ignore_result:
             job.backend.mark_as_revoked(
                 owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
-                              f"unavailable); its lock {key.key} was removed")
-        return True
+                              f"unavailable)")
 
-    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl)
+    def undo() -> bool:
+        removed = store.release(key, owner)
+        revoke()
+        return removed
+
+    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl,
+                  give_up=revoke)
 
 
 class UniqueUntilProcessingJob(UniqueJob):

@@ -61,18 +61,23 @@ return '1' .. ARGV[1]
 # lives, its lease keeps the lock); otherwise runs and returns {1, 'released'} (release and
 # the caller held it), {1, 'free'} (release, nothing held), {1, 'taken'} (was free, now
 # running under the caller) or {1, 'held'} (caller's, now running). A re-send (same nonce)
-# answers as the first: the nonce is kept in 'run' (and 'took'), a release in the tombstone.
+# answers as the first: the nonce is kept in 'run' (and 'took'); a release's answer, "released"
+# or "free", in the tombstone ("nonce|answer"), so a re-send after a new dispatch took the key
+# is not skipped.
 START = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if ARGV[4] == '1' then
+  local tomb = redis.call('GET', KEYS[3])
+  if tomb == ARGV[3] .. '|released' then return {1, 'released'} end
+  if tomb == ARGV[3] .. '|free' then return {1, 'free'} end
   if cur == ARGV[1] then
     redis.call('DEL', KEYS[1])
     redis.call('ZREM', KEYS[2], KEYS[1])
-    redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[7])
+    redis.call('SET', KEYS[3], ARGV[3] .. '|released', 'PX', ARGV[7])
     return {1, 'released'}
   end
-  if redis.call('GET', KEYS[3]) == ARGV[3] then return {1, 'released'} end
   if cur then return {0, cur} end
+  redis.call('SET', KEYS[3], ARGV[3] .. '|free', 'PX', ARGV[7])
   return {1, 'free'}
 end
 if cur and cur ~= ARGV[1] then
