@@ -202,7 +202,12 @@ class RedisConnection:
                 conn = pool.get_connection()
             try:
                 conn.send_packed_command(packed)
-                reply = conn.read_response(timeout=max(0.001, give_up - time.monotonic()))
+                left = give_up - time.monotonic()
+                if left > self.budget - 0.001:
+                    # the socket's own timeout is the budget: no settimeout() system calls
+                    reply = conn.read_response()
+                else:  # a connect or a first try took part of it
+                    reply = conn.read_response(timeout=max(0.001, left))
             except self._reply:
                 self._put_back(pool, conn)  # the server answered: the connection is fine
                 raise
