@@ -24,7 +24,7 @@ lock_released = Signal()
 # A running job's lease found its lock held by another owner (the lock had vanished and the key
 # was taken meanwhile): the lease stops, the other owner's lock is left alone, the body runs on.
 # kwargs: key, owner (the running job's task id), store (the store alias), holder (the other
-# owner), observed (False: only observe-only mode, which this does not concern, sets it True).
+# owner), observed (False; True only in observe-only mode, which does not exist yet).
 # Sent from the lease's own thread (prefork, threads, solo) or, under gevent and eventlet, from
 # a green thread of the worker once the hub runs (see docs/signals.md).
 lock_lost = Signal()

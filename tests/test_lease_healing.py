@@ -215,6 +215,8 @@ def test_lock_taken_by_another_owner_sends_lock_lost(app: Any) -> None:
     try:
         with (
             override_settings(DEDUP_JOBS=dedup),
+            # the in-process worker's broker, also while this module's pool workers are up
+            publishing_to(app, settings.CELERY_BROKER_URL),
             thread_worker(app, pool="threads", concurrency=2),
         ):
             result = jg.guard_gated.delay(t, 1, gate=t)

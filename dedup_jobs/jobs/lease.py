@@ -200,7 +200,12 @@ class LeaseKeeper:
         finally:
             with self._mutex:
                 self._in_flight = None
-        self._emit(events)
+                if self._green:
+                    # queued before the job's hold() can end, which then delivers them
+                    self._events.extend(events)
+                    events = []
+        for event in events:
+            event()
 
     def _emit(self, events: list[Deferred]) -> None:
         if self._green:
