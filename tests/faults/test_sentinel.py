@@ -1,0 +1,107 @@
+"""S6 on Redis Sentinel: a primary, a replica and three sentinels of the tests' own
+(tests/faults/sentinel.py), a django-redis cache with its Sentinel client, a stream of
+dispatch decisions, and the primary killed by its pid in the middle. Prints the measured
+failover window and what asynchronous replication lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from dedup_jobs import clock
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import build_key
+from dedup_jobs.stores import get_store
+from tests.faults.sentinel import SERVICE, sentinel_setup
+
+pytestmark = [pytest.mark.redis]
+
+STORE_TIMEOUT = 1.0
+SLACK = 0.5
+#: how long the stream of decisions goes on after the kill, at most
+AFTER_KILL = 30.0
+
+
+def sentinel_cache(sentinels: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{SERVICE}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "SENTINELS": sentinels,
+            "SOCKET_TIMEOUT": 0.5,
+            "SOCKET_CONNECT_TIMEOUT": 0.5,
+        },
+    }
+
+
+def test_sentinel_failover_fails_fast_then_works_again() -> None:
+    """S6: while the primary is unreachable, decisions fail fast with StoreUnavailable (never
+    longer than STORE_TIMEOUT); after the promotion they work again on the same store object,
+    without a restart. What asynchronous replication loses is counted and printed."""
+    with sentinel_setup() as setup:
+        caches = {**settings.CACHES, "sentinel": sentinel_cache(setup.sentinels)}
+        options = {**settings.DEDUP_JOBS, "STORE": "sentinel", "STORE_TIMEOUT": STORE_TIMEOUT}
+        with override_settings(CACHES=caches, DEDUP_JOBS=options):
+            store = get_store("sentinel")
+            taken: list[tuple[Any, float]] = []  # (key, when its acquire was answered)
+            calls: list[tuple[float, bool, float]] = []  # (at, answered, took)
+
+            def decide(n: int) -> None:
+                key = build_key("unique", "tests.sentinel", f"n={n}")
+                started = time.monotonic()
+                try:
+                    answered = store.acquire(key, f"owner-{n}", 600, now=clock.now()).acquired
+                except StoreUnavailable:
+                    answered = False
+                else:
+                    taken.append((key, time.monotonic()))
+                calls.append((started, answered, time.monotonic() - started))
+
+            stop = threading.Event()
+
+            def stream() -> None:  # decisions as fast as they go, across the kill
+                n = 0
+                while not stop.is_set():
+                    decide(n)
+                    n += 1
+
+            worker = threading.Thread(target=stream, daemon=True)
+            worker.start()
+            time.sleep(1.0)  # a healthy stream first
+            old_primary = setup.primary()
+            killed_at = time.monotonic()
+            setup.kill_primary()
+            recovered_at = None
+            while time.monotonic() - killed_at < AFTER_KILL:
+                answered = [at for at, ok, _took in list(calls) if ok and at > killed_at]
+                if answered:
+                    recovered_at = answered[0]
+                    break
+                time.sleep(0.05)
+            time.sleep(0.5)
+            stop.set()
+            worker.join(timeout=10)
+            new_primary = setup.primary()
+            after = [call for call in calls if call[0] >= killed_at]
+            failed = [call for call in after if not call[1]]
+            slowest = max(took for _at, _ok, took in calls)
+            # what the promoted replica kept of the locks acknowledged before the kill
+            before = [key for key, done in taken if done < killed_at]
+            lost = [key for key in before if store.get(key) is None]
+    window = (recovered_at - killed_at) if recovered_at is not None else float("nan")
+    print(f"\nS6 sentinel failover: primary {old_primary} -> {new_primary}; "
+          f"{len(after)} decisions after the kill, {len(failed)} StoreUnavailable; "
+          f"window kill -> first decision answered again {window:.2f}s; slowest call "
+          f"{slowest:.2f}s; locks acknowledged before the kill and lost with it {len(lost)} of "
+          f"{len(before)}")
+    assert recovered_at is not None, "decisions never worked again after the promotion"
+    assert new_primary is not None and new_primary != old_primary
+    assert failed, "no decision failed while the primary was gone: the kill did not land"
+    assert slowest < STORE_TIMEOUT + SLACK, f"a decision waited {slowest:.2f}s"
