@@ -138,15 +138,17 @@ def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "S7: an until-processing START that finds the lock gone answers 'run' and leaves no "
-    "tombstone, so its re-send after another dispatch took the key answers 'skip'. The first "
+    "S7: an until-processing START that finds the lock gone (unique_for ran out while the "
+    "message waited, or the store lost it) answers 'run' and leaves no tombstone, so its "
+    "re-send after another dispatch took the key answers 'skip'. The first "
     "changed nothing, so acting on the re-send is as if only it had been sent, but S7 asks "
     "for the same answer."))
 def test_until_processing_start_resent_after_the_lock_was_lost(
     store: Any, redis_client: Any
 ) -> None:
-    """S7/P1: a dispatch (until processing), FLUSHDB, the START (release) whose reply is lost,
-    a new dispatch takes the key, the START re-sent: it answers as the first did (run)."""
+    """S7/P1: a dispatch (until processing), its lock gone (FLUSHDB here; unique_for running
+    out does the same), the START (release) whose reply is lost, a new dispatch takes the key,
+    the START re-sent: it answers as the first did (run)."""
     assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
     redis_client.flushdb()
     first = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
