@@ -414,6 +414,7 @@ PROPERTY = settings(
 )
 
 
+@pytest.mark.timeout(600)  # passing takes ~15 s; shrinking a failure may take minutes
 def test_lock_protocol(redis_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """S7, U3, U4, U6, W1, W5: dispatch, start, finish, retry, crash, redelivery, lost replies,
     re-sends and data loss in any order: never two bodies of one key at once while the store
