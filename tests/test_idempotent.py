@@ -134,14 +134,15 @@ def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client
 
 
 # Found by tests/test_protocol_property.py (its minimal examples, run with
-# DEDUP_JOBS_PROPERTY_STRICT=1), then fixed.
+# DEDUP_JOBS_PROPERTY_STRICT=1 at the time), then fixed.
 
 
 def test_until_processing_start_resent_after_the_lock_was_lost(
     store: Any, redis_client: Any
 ) -> None:
-    """S7/P1: a dispatch (until processing), FLUSHDB, the START (release) whose reply is lost,
-    a new dispatch takes the key, the START re-sent: it answers as the first did (run)."""
+    """S7/P1: a dispatch (until processing), its lock gone (FLUSHDB here; unique_for running
+    out does the same), the START (release) whose reply is lost, a new dispatch takes the key,
+    the START re-sent: it answers as the first did (run)."""
     assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
     redis_client.flushdb()
     first = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
