@@ -60,7 +60,6 @@ from dedup_jobs import clock
 from dedup_jobs.jobs import unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import Started
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
