@@ -45,7 +45,7 @@ def test_a_silent_store_fails_within_store_timeout(
         if fault == "blackhole":
             store_proxy.blackhole()
         else:
-            stall = paused(private_redis, 2 * len(CALLS) * STORE_TIMEOUT + 5)
+            stall = paused(private_redis, len(CALLS) * (STORE_TIMEOUT + SLACK) + 1)
         try:
             for name, call in CALLS.items():
                 started = time.monotonic()
