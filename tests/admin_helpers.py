@@ -54,6 +54,10 @@ TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=Tru
 @pytest.fixture(
     params=[
         pytest.param("redis", marks=[pytest.mark.redis, TX], id="django-redis"),
+        pytest.param("djredis", marks=[pytest.mark.redis, TX], id="django-cache-redis"),
+        pytest.param(
+            "valkey", marks=[pytest.mark.redis, pytest.mark.valkey, TX], id="django-valkey"
+        ),
         pytest.param("database", marks=TX, id="database-sqlite"),
         pytest.param(
             "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
@@ -61,8 +65,9 @@ TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=Tru
     ]
 )
 def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The stores that can list: django-redis (its index) and the database store (SQLite and
-    PostgreSQL); yields the store alias."""
+    """The stores that can list: the Redis-protocol ones (their index: django-redis, Django's
+    own RedisCache, django-valkey on Valkey) and the database store (SQLite and PostgreSQL);
+    yields the store alias."""
     alias = "database" if request.param.startswith("database") else request.param
     using = "postgres" if request.param == "database-postgres" else "default"
     with override_settings(
