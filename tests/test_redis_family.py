@@ -78,9 +78,21 @@ def _dead(alias: str) -> dict[str, Any]:
             "OPTIONS": options}
 
 
+class _Records(logging.Handler):
+    """The dedup_jobs logger's records, also those of a worker thread (Celery's worker set-up
+    rearranges the root logger's handlers, pytest's among them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.mark.worker
 def test_an_outage_is_store_unavailable_and_the_worker_runs_with_a_warning(
-    app: Any, family_store: str, caplog: pytest.LogCaptureFixture
+    app: Any, family_store: str
 ) -> None:
     """S1/S4/W4 on every Redis-protocol backend, its server down: a dispatch raises
     StoreUnavailable (nothing published); with ON_STORE_ERROR="enqueue" it publishes with a
@@ -92,16 +104,19 @@ def test_an_outage_is_store_unavailable_and_the_worker_runs_with_a_warning(
         assert isinstance(get_store("dead"), RedisStore)
         with pytest.raises(StoreUnavailable, match="'dead' is unavailable"):
             jobs.unique_sleep.delay(5)
-    with (
-        override_settings(CACHES=caches, DEDUP_JOBS={**dedup, "ON_STORE_ERROR": "enqueue"}),
-        caplog.at_level(logging.WARNING, logger="dedup_jobs"),
-    ):
-        result = jobs.unique_sleep.delay(6)
-        assert result.deduplicated is False
-        with thread_worker(app):
-            assert result.get(timeout=20) == 6
+    handler = _Records()
+    logging.getLogger("dedup_jobs").addHandler(handler)
+    try:
+        with override_settings(CACHES=caches,
+                               DEDUP_JOBS={**dedup, "ON_STORE_ERROR": "enqueue"}):
+            result = jobs.unique_sleep.delay(6)
+            assert result.deduplicated is False
+            with thread_worker(app):
+                assert result.get(timeout=20) == 6
+    finally:
+        logging.getLogger("dedup_jobs").removeHandler(handler)
     assert jobs.runs("unique_sleep") == ["6"]
-    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    messages = [r.getMessage() for r in handler.records if r.levelno == logging.WARNING]
     assert any("without a lock" in m and result.id in m for m in messages), messages
     assert any(f"tests.unique_sleep[{result.id}]: store 'dead' unavailable at the worker"
                in m for m in messages), messages
