@@ -220,3 +220,116 @@ def test_a_dispatch_through_each_backend_is_listed_with_its_readable_id(
     assert (lock.task_name, lock.owner, lock.store) == ("tests.unique_sleep", result.id,
                                                         family_store)
     assert "77" in lock.ident
+
+
+# -- error replies: READONLY on a real replica, LOADING and MOVED ------------------------
+
+SERVER_OF = {"redis": "redis", "djredis": "redis", "valkey": "valkey"}
+
+
+def _cache_at(alias: str, host: str, port: int) -> dict[str, Any]:
+    scheme = "valkey" if alias == "valkey" else "redis"
+    return {**_dead(alias), "LOCATION": f"{scheme}://{host}:{port}/0"}
+
+
+def test_a_write_on_a_read_only_replica_is_store_unavailable(family_store: str) -> None:
+    """S1/S4: a store pointed at a replica (as after a failover seen late) gets READONLY
+    from the real server (redis-server, or valkey-server for django-valkey):
+    StoreUnavailable naming it, never a raw client error."""
+    from tests.faults.servers import redis_server, valkey_server_binary
+
+    binary = valkey_server_binary() if SERVER_OF[family_store] == "valkey" else None
+    with (
+        redis_server(binary=binary) as primary,
+        redis_server("--replicaof", primary.host, str(primary.port), binary=binary) as replica,
+    ):
+        caches = {**settings.CACHES,
+                  "replica": _cache_at(family_store, replica.host, replica.port)}
+        with override_settings(CACHES=caches):
+            store = get_store("replica")
+            key = jobs.unique_sleep.job_key((1,), {})
+            with pytest.raises(StoreUnavailable, match=r"ReadOnlyError|READONLY"):
+                store.acquire(key, "a", 30, now=clock.now())
+            assert store.get(key) is None  # reads still work on the replica
+
+
+class ErrorServer:
+    """A loopback server that answers every command with one error reply, as a server
+    does while it loads its dataset (``-LOADING``) or a cluster node for a slot it does not
+    serve (``-MOVED``). (A real LOADING needs a dataset that takes seconds to load; a real
+    MOVED a cluster, S5.)"""
+
+    def __init__(self, reply: bytes) -> None:
+        import socket
+        import threading
+
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _addr = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: Any) -> None:
+        buffer = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buffer += data
+                while (rest := _one_command(buffer)) is not None:
+                    buffer = rest
+                    conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _one_command(buffer: bytes) -> bytes | None:
+    """``buffer`` after its first complete RESP command, or None if it holds none yet."""
+    head, sep, rest = buffer.partition(b"\r\n")
+    if not sep or not head.startswith(b"*"):
+        return None
+    for _ in range(int(head[1:])):
+        size, sep, rest = rest.partition(b"\r\n")
+        if not sep or len(rest) < int(size[1:]) + 2:
+            return None
+        rest = rest[int(size[1:]) + 2:]
+    return rest
+
+
+@pytest.mark.parametrize("reply", [
+    b"-LOADING Redis is loading the dataset in memory\r\n",
+    b"-MOVED 3999 127.0.0.1:6381\r\n",
+])
+def test_loading_and_moved_replies_are_store_unavailable(family_store: str,
+                                                         reply: bytes) -> None:
+    """S1/S4: a server still loading its dataset (LOADING) and a MOVED redirect outside
+    cluster mode are StoreUnavailable on every Redis-protocol backend, for a decision and a
+    read alike."""
+    server = ErrorServer(reply)
+    try:
+        caches = {**settings.CACHES, "odd": _cache_at(family_store, "127.0.0.1", server.port)}
+        with override_settings(CACHES=caches):
+            store = get_store("odd")
+            key = jobs.unique_sleep.job_key((1,), {})
+            # the class the client library makes of the reply, or the reply itself
+            said = {b"-L": r"BusyLoadingError|LOADING", b"-M": r"MovedError|MOVED"}[reply[:2]]
+            with pytest.raises(StoreUnavailable, match=said):
+                store.acquire(key, "a", 30, now=clock.now())
+            with pytest.raises(StoreUnavailable, match=said):
+                store.get(key)
+    finally:
+        server.close()

@@ -41,7 +41,7 @@ def test_a_silent_store_fails_within_store_timeout(
                  proxy=store_proxy if fault == "blackhole" else None)
 
 
-#: Django's own RedisCache and django-valkey's ValkeyCache (scheme, client library)
+#: Django's own RedisCache and django-valkey's ValkeyCache: (BACKEND, LOCATION scheme)
 OTHER_BACKENDS = {
     "django-cache-redis": ("django.core.cache.backends.redis.RedisCache", "redis"),
     "django-valkey": ("django_valkey.cache.ValkeyCache", "valkey"),
