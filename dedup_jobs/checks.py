@@ -77,8 +77,9 @@ def registered_jobs() -> list[Any]:
 
 
 def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from dedup_jobs.stores import REDIS_BACKENDS, store_class_for
+    from dedup_jobs.stores import redis_fallback, store_class_for
     from dedup_jobs.stores.cache import LOCAL_BACKEND, NON_ATOMIC_BACKENDS
+    from dedup_jobs.stores.redis.adapters import FALLBACK_HINT, adapter_for, fallback_message
 
     messages: list[checks.CheckMessage] = []
     caches = getattr(settings, "CACHES", {})
@@ -92,13 +93,19 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                                       "real cache, or 'database'."))
             continue
         backend = caches.get(alias, {}).get("BACKEND", "")
+        adapter = adapter_for(backend) if alias in caches else None
         if backend in NON_ATOMIC_BACKENDS:
             messages.append(_warning(1, f"dedup_jobs store {alias!r} ({backend}, used by {who}) "
                                         f"is not atomic: two dispatches racing for one key can "
                                         f"both publish.", "Use django-redis or the 'database' "
                                         "store for locks that must hold under concurrency."))
-        elif backend in REDIS_BACKENDS:
-            messages.extend(_check_socket_timeout(alias, caches[alias], who))
+        elif adapter is not None:
+            problem = redis_fallback(alias, adapter.backend)
+            if problem is not None:
+                messages.append(_warning(6, f"{fallback_message(alias, problem)} (used by "
+                                            f"{who})", FALLBACK_HINT))
+            timeout = adapter.socket_timeout(caches[alias].get("OPTIONS") or {})
+            messages.extend(_check_socket_timeout(alias, timeout, adapter.backend, who))
         elif backend == LOCAL_BACKEND:
             messages.append(_warning(2, f"dedup_jobs store {alias!r} (LocMemCache, used by "
                                         f"{who}) keeps locks inside one process: workers and "
@@ -107,22 +114,25 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return messages
 
 
-def _check_socket_timeout(alias: str, cache: dict[str, Any], who: str) -> list[Any]:
+def _check_socket_timeout(alias: str, timeout: Any, backend: str, who: str) -> list[Any]:
     """W005 (S8): the cache's own operations can wait longer than a dedup_jobs decision may.
-    The store bounds its own calls by STORE_TIMEOUT whatever the cache says."""
+    The store bounds its own calls by STORE_TIMEOUT whatever the cache says. ``timeout``: the
+    socket timeout the cache's OPTIONS set (``SOCKET_TIMEOUT`` on django-redis and
+    django-valkey, ``socket_timeout`` on Django's own RedisCache)."""
     from dedup_jobs.conf import app_settings
+    from dedup_jobs.stores.redis.adapters import DJANGO_BUILTIN
 
-    timeout = (cache.get("OPTIONS") or {}).get("SOCKET_TIMEOUT")
+    names = (("socket_timeout", "socket_connect_timeout") if backend == DJANGO_BUILTIN
+             else ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"))
     limit = app_settings.STORE_TIMEOUT
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= limit:
         return []
-    said = "sets no SOCKET_TIMEOUT" if timeout is None else f"sets SOCKET_TIMEOUT = {timeout!r}"
+    said = f"sets no {names[0]}" if timeout is None else f"sets {names[0]} = {timeout!r}"
     return [_warning(5, f"CACHES[{alias!r}] (used by {who}) {said}: its own cache calls can "
                         f"wait longer than DEDUP_JOBS['STORE_TIMEOUT'] = {limit!r} s. dedup_jobs "
                         f"bounds its decisions by STORE_TIMEOUT on a connection of its own.",
-                     f"Set CACHES[{alias!r}]['OPTIONS']['SOCKET_TIMEOUT'] (and "
-                     f"SOCKET_CONNECT_TIMEOUT) to at most {limit!r}, so that the cache's own "
-                     f"calls fail as fast.")]
+                     f"Set CACHES[{alias!r}]['OPTIONS'][{names[0]!r}] (and {names[1]}) to at "
+                     f"most {limit!r}, so that the cache's own calls fail as fast.")]
 
 
 def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

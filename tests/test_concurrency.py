@@ -40,17 +40,21 @@ def test_threads_publish_exactly_one_message(app: Any, store_name: str) -> None:
 
 
 PROCESS_STORES = [
-    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("redis", 100, marks=pytest.mark.redis, id="django-redis"),
+    pytest.param("djredis", 200, marks=pytest.mark.redis, id="django-cache-redis"),
+    pytest.param("valkey", 200, marks=[pytest.mark.redis, pytest.mark.valkey],
+                 id="django-valkey"),
+    pytest.param("database-postgres", 100, marks=pytest.mark.postgres, id="database-postgres"),
 ]
 
 
-@pytest.mark.parametrize("store", PROCESS_STORES)
-def test_processes_publish_exactly_one_message(app: Any, store: str) -> None:
-    """U3: 8 processes x 100 same-key dispatches, 5 rounds, on the real Redis and on
+@pytest.mark.parametrize(("store", "dispatches"), PROCESS_STORES)
+def test_processes_publish_exactly_one_message(app: Any, store: str, dispatches: int) -> None:
+    """U3/S1: 8 processes x 100 same-key dispatches (200 on Django's own RedisCache and on
+    django-valkey with a real Valkey server), 5 rounds, on the real Redis, on Valkey and on
     PostgreSQL: exactly one message published per round."""
-    if store == "redis":
-        dedup, pg_name = {"STORE": "redis"}, None
+    if not store.startswith("database"):
+        dedup, pg_name = {"STORE": store}, None
     else:
         dedup = {"STORE": "database", "DATABASE_ALIAS": "postgres"}
         pg_name = settings.DATABASES["postgres"]["NAME"]
@@ -59,10 +63,12 @@ def test_processes_publish_exactly_one_message(app: Any, store: str) -> None:
     figures = []
     with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
         for round_ in range(5):
-            results = pool.starmap(contention.burst, [(1000 + round_, 100)] * 8, chunksize=1)
+            results = pool.starmap(contention.burst, [(1000 + round_, dispatches)] * 8,
+                                   chunksize=1)
             published = sum(sum(r) for r in results)
             figures.append(published)
-            assert sum(len(r) for r in results) == 800
+            assert sum(len(r) for r in results) == 8 * dispatches
             assert queued(app) == round_ + 1
-    print(f"U3 {store}: messages published per round of 800 dispatches: {figures}")
+    print(f"U3 {store}: messages published per round of {8 * dispatches} dispatches: "
+          f"{figures}")
     assert figures == [1] * 5

@@ -1,6 +1,6 @@
-"""The debounce half of every store (django-redis, locmem, database on SQLite and
-PostgreSQL): one dispatch, one claim, the state the admin lists. Times are passed in, so no
-test sleeps."""
+"""The debounce half of every store (django-redis, Django's RedisCache, django-valkey on
+Valkey, locmem, database on SQLite and PostgreSQL): one dispatch, one claim, the state the
+admin lists. Times are passed in, so no test sleeps."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, MISSING, OTHER, WAIT, BaseStore, Debounced, encode_call
 from dedup_jobs.stores.database import debounce as db_debounce
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from tests.test_stores import MEMORY, delta
+
+#: the store-facing tests run on every store, the other Redis-protocol backends included
+store_name = store_fixture(ALL_STORE_PARAMS)
 
 T0 = 1_800_000_000.0
 KEY = build_key("debounce", "tests.store_debounce", "item=1")
@@ -189,15 +193,15 @@ def test_portable_path_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
         assert dispatch(store, "new", 2, T0 + 100).new is True
 
 
-@pytest.mark.redis
-@override_settings(DEDUP_JOBS={"STORE": "redis"})
 def test_redis_one_round_trip_per_dispatch_and_claim(
-    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+    family_store: str, server_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """S1 / section 8: on django-redis a debounced dispatch (first or absorbed) is one
-    EVALSHA, and so is the worker's claim of a due burst."""
+    """S1 / section 8: on every Redis-protocol backend (django-redis, Django's RedisCache,
+    django-valkey on Valkey) a debounced dispatch (first or absorbed) is one EVALSHA, and so
+    is the worker's claim of a due burst, counted on the server."""
     from tests import jobs_debounce
 
+    redis_client = server_client
     task = jobs_debounce.debounce_record
     with kombu.Connection(MEMORY) as memory:
         warm = task.apply_async((0, 0), connection=memory)  # loads the script once
@@ -209,7 +213,7 @@ def test_redis_one_round_trip_per_dispatch_and_claim(
             "evalsha": 1
         }
     key = task.job_key((1, 2), {})
-    header = {HEADER: key.as_header("redis")}
+    header = {HEADER: key.as_header(family_store)}
     later = clock.now() + 5
     monkeypatch.setattr(clock, "now", lambda: later)
     # Load the claim script too (another test may have run SCRIPT FLUSH).
