@@ -14,6 +14,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from tests.celery_app import app as celery_app
+from tests.memcached_server import MemcachedServer, memcached_process
 
 REQUIRE = os.environ.get("DEDUP_JOBS_REQUIRE_SERVICES") == "1"
 
@@ -104,13 +105,45 @@ def _store_settings(name: str) -> dict[str, Any]:
     return {"STORE": name, "DATABASE_ALIAS": "default"}
 
 
+#: the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py) also run on
+#: a real memcached; the worker-based suites keep to STORE_PARAMS
+CONTRACT_STORE_PARAMS = [*STORE_PARAMS, pytest.param("memcached", id="memcached")]
+
+
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    """One private memcached for the whole run (tests/memcached_server.py), stopped by pid."""
+    with memcached_process() as server:
+        yield server
+
+
+def _use_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    name: str = request.param
+    dedup = {**settings.DEDUP_JOBS, **_store_settings(name)}
+    if name != "memcached":
+        with override_settings(DEDUP_JOBS=dedup):
+            yield name
+        return
+    server: MemcachedServer = request.getfixturevalue("memcached_server")
+    server.flush()
+    with override_settings(CACHES={**settings.CACHES, "memcached": server.cache()},
+                           DEDUP_JOBS=dedup):
+        yield name
+
+
 @pytest.fixture(params=STORE_PARAMS)
 def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every job test runs on every store: django-redis (real Redis), locmem, the database
     store on SQLite and on the real PostgreSQL."""
-    name: str = request.param
-    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, **_store_settings(name)}):
-        yield name
+    yield from _use_store(request)
+
+
+@pytest.fixture(params=CONTRACT_STORE_PARAMS)
+def contract_store_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The stores of STORE_PARAMS and memcached (PyMemcacheCache on a real memcached). A
+    store-facing module runs its ``store_name`` tests on all of them by overriding the
+    fixture: ``def store_name(contract_store_name): return contract_store_name``."""
+    yield from _use_store(request)
 
 
 @pytest.fixture
