@@ -26,6 +26,12 @@ T0 = 1_800_000_000.0
 KEY = build_key("debounce", "tests.store_debounce", "item=1")
 
 
+@pytest.fixture
+def store_name(contract_store_name: str) -> str:
+    """S2: this module's store tests also run on a real memcached (tests/conftest.py)."""
+    return contract_store_name
+
+
 @pytest.fixture(autouse=True)
 def _empty_locmem() -> None:
     caches["locmem"].clear()
