@@ -42,27 +42,41 @@ def test_threads_publish_exactly_one_message(app: Any, store_name: str) -> None:
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("memcached", id="memcached"),
 ]
+DISPATCHES = 200  # per process and round
 
 
 @pytest.mark.parametrize("store", PROCESS_STORES)
-def test_processes_publish_exactly_one_message(app: Any, store: str) -> None:
-    """U3: 8 processes x 100 same-key dispatches, 5 rounds, on the real Redis and on
-    PostgreSQL: exactly one message published per round."""
+def test_processes_publish_exactly_one_message(
+    app: Any, store: str, request: pytest.FixtureRequest
+) -> None:
+    """U3/S2/S3: 8 processes x 200 same-key dispatches, 5 rounds, on the real Redis, on
+    PostgreSQL and on a real memcached (PyMemcacheCache): exactly one message published
+    per round."""
+    caches: dict[str, Any] = {}
+    pg_name = None
     if store == "redis":
-        dedup, pg_name = {"STORE": "redis"}, None
+        dedup: dict[str, Any] = {"STORE": "redis"}
+    elif store == "memcached":
+        server = request.getfixturevalue("memcached_server")
+        server.flush()
+        dedup, caches = {"STORE": "memcached"}, {"memcached": server.cache()}
     else:
         dedup = {"STORE": "database", "DATABASE_ALIAS": "postgres"}
         pg_name = settings.DATABASES["postgres"]["NAME"]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Manager().Barrier(8)
     figures = []
-    with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
+    with ctx.Pool(8, initializer=contention.init,
+                  initargs=(barrier, dedup, pg_name, caches)) as pool:
         for round_ in range(5):
-            results = pool.starmap(contention.burst, [(1000 + round_, 100)] * 8, chunksize=1)
+            results = pool.starmap(contention.burst, [(1000 + round_, DISPATCHES)] * 8,
+                                   chunksize=1)
             published = sum(sum(r) for r in results)
             figures.append(published)
-            assert sum(len(r) for r in results) == 800
+            assert sum(len(r) for r in results) == 8 * DISPATCHES
             assert queued(app) == round_ + 1
-    print(f"U3 {store}: messages published per round of 800 dispatches: {figures}")
+    print(f"U3 {store}: messages published per round of {8 * DISPATCHES} dispatches: "
+          f"{figures}")
     assert figures == [1] * 5
