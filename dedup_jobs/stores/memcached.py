@@ -79,7 +79,12 @@ class MemcachedClient:
 
         self.alias = alias
         self.cache = cache
-        options: dict[str, Any] = dict(getattr(cache, "_options", None) or {})
+        from pymemcache.serde import pickle_serde
+
+        # Django's options with its defaults (Django 4.0 to 6.1 keep them in ``_options``);
+        # the same defaults again, should a future Django keep them elsewhere
+        options: dict[str, Any] = {"serde": pickle_serde, "allow_unicode_keys": True,
+                                   **(getattr(cache, "_options", None) or {})}
         own = options.get("timeout")
         #: seconds a decision may take in all (S8)
         self.budget = min(app_settings.STORE_TIMEOUT, float(own) if own else math.inf)
