@@ -78,7 +78,7 @@ def registered_jobs() -> list[Any]:
 
 def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     from dedup_jobs.stores import redis_fallback, store_class_for
-    from dedup_jobs.stores.cache import LOCAL_BACKEND, NON_ATOMIC_BACKENDS
+    from dedup_jobs.stores.cache import LOCAL_BACKEND, MEMCACHED_BACKEND, NON_ATOMIC_BACKENDS
     from dedup_jobs.stores.redis.adapters import FALLBACK_HINT, adapter_for, fallback_message
 
     messages: list[checks.CheckMessage] = []
@@ -106,6 +106,8 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                                             f"{who})", FALLBACK_HINT))
             timeout = adapter.socket_timeout(caches[alias].get("OPTIONS") or {})
             messages.extend(_check_socket_timeout(alias, timeout, adapter.backend, who))
+        elif backend == MEMCACHED_BACKEND:
+            messages.extend(_check_memcached_timeout(alias, caches[alias], who))
         elif backend == LOCAL_BACKEND:
             messages.append(_warning(2, f"dedup_jobs store {alias!r} (LocMemCache, used by "
                                         f"{who}) keeps locks inside one process: workers and "
@@ -133,6 +135,30 @@ def _check_socket_timeout(alias: str, timeout: Any, backend: str, who: str) -> l
                         f"bounds its decisions by STORE_TIMEOUT on a connection of its own.",
                      f"Set CACHES[{alias!r}]['OPTIONS'][{names[0]!r}] (and {names[1]}) to at "
                      f"most {limit!r}, so that the cache's own calls fail as fast.")]
+
+
+def _check_memcached_timeout(alias: str, cache: dict[str, Any], who: str) -> list[Any]:
+    """W005 (S8) for PyMemcacheCache: pymemcache waits forever unless the cache's OPTIONS set
+    ``timeout`` and ``connect_timeout`` (Django sets neither). The store bounds its own."""
+    from dedup_jobs.conf import app_settings
+
+    options = cache.get("OPTIONS") or {}
+    limit = app_settings.STORE_TIMEOUT
+    loose = []
+    for name in ("timeout", "connect_timeout"):
+        value = options.get(name)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and 0 < value <= limit):
+            loose.append(f"no {name!r}" if value is None else f"{name!r} = {value!r}")
+    if not loose:
+        return []
+    return [_warning(5, f"CACHES[{alias!r}] (PyMemcacheCache, used by {who}) sets "
+                        f"{' and '.join(loose)} in OPTIONS: its own cache calls can wait "
+                        f"longer than DEDUP_JOBS['STORE_TIMEOUT'] = {limit!r} s (pymemcache "
+                        f"waits forever by default). dedup_jobs bounds its decisions by "
+                        f"STORE_TIMEOUT on connections of its own.",
+                     f"Set CACHES[{alias!r}]['OPTIONS']['timeout'] and ['connect_timeout'] to "
+                     f"at most {limit!r}, so that the cache's own calls fail as fast.")]
 
 
 def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from tests.celery_app import app as celery_app
+from tests.memcached_server import MemcachedServer, memcached_process
 
 REQUIRE = os.environ.get("DEDUP_JOBS_REQUIRE_SERVICES") == "1"
 
@@ -146,7 +147,7 @@ REDIS_FAMILY_EXTRA = [
 #: every Redis-protocol backend (S1): django-redis, Django's own RedisCache, django-valkey
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
-ALL_STORE_PARAMS = [*STORE_PARAMS, *REDIS_FAMILY_EXTRA]
+ALL_STORE_PARAMS = [*STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached")]
 
 
 def _store_settings(name: str) -> dict[str, Any]:
@@ -155,20 +156,41 @@ def _store_settings(name: str) -> dict[str, Any]:
     return {"STORE": name, "DATABASE_ALIAS": "default"}
 
 
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    """One private memcached for the whole run (tests/memcached_server.py), stopped by pid."""
+    with memcached_process() as server:
+        yield server
+
+
+def _use_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    name: str = request.param
+    dedup = {**settings.DEDUP_JOBS, **_store_settings(name)}
+    if name != "memcached":
+        with override_settings(DEDUP_JOBS=dedup):
+            yield name
+        return
+    server: MemcachedServer = request.getfixturevalue("memcached_server")
+    server.flush()
+    with override_settings(CACHES={**settings.CACHES, "memcached": server.cache()},
+                           DEDUP_JOBS=dedup):
+        yield name
+
+
 def store_fixture(params: list[Any]) -> Any:
-    """A ``store_name`` fixture over ``params``: the store's name, made DEDUP_JOBS["STORE"]."""
+    """A ``store_name`` fixture over ``params``: the store's name, made DEDUP_JOBS["STORE"]
+    (memcached: a real one, tests/memcached_server.py)."""
 
     @pytest.fixture(params=params)
     def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
-        name: str = request.param
-        with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, **_store_settings(name)}):
-            yield name
+        yield from _use_store(request)
 
     return store_name
 
 
 #: Every job test runs on every store: django-redis (real Redis), locmem, the database store
-#: on SQLite and on the real PostgreSQL. (A module overrides it with ALL_STORE_PARAMS.)
+#: on SQLite and on the real PostgreSQL. (A store-facing module overrides it with
+#: ALL_STORE_PARAMS: the Redis family and memcached too; the worker-based suites keep these.)
 store_name = store_fixture(STORE_PARAMS)
 
 

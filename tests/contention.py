@@ -8,7 +8,8 @@ from typing import Any
 _barrier: Any = None
 
 
-def init(barrier: Any, dedup: dict[str, Any], pg_name: str | None) -> None:
+def init(barrier: Any, dedup: dict[str, Any], pg_name: str | None,
+         caches: dict[str, Any] | None = None) -> None:
     global _barrier
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
@@ -18,6 +19,8 @@ def init(barrier: Any, dedup: dict[str, Any], pg_name: str | None) -> None:
     from django.db import connections
 
     settings.DEDUP_JOBS = dedup
+    if caches:  # before any cache is made: Django reads CACHES once
+        settings.CACHES = {**settings.CACHES, **caches}
     if pg_name:
         settings.DATABASES["postgres"]["NAME"] = pg_name
         connections["postgres"].settings_dict["NAME"] = pg_name

@@ -40,35 +40,46 @@ def test_threads_publish_exactly_one_message(app: Any, store_name: str) -> None:
 
 
 PROCESS_STORES = [
-    pytest.param("redis", 100, marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("djredis", 200, marks=pytest.mark.redis, id="django-cache-redis"),
-    pytest.param("valkey", 200, marks=[pytest.mark.redis, pytest.mark.valkey],
-                 id="django-valkey"),
-    pytest.param("database-postgres", 100, marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
+    pytest.param("djredis", marks=pytest.mark.redis, id="django-cache-redis"),
+    pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey], id="django-valkey"),
+    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("memcached", id="memcached"),
 ]
+DISPATCHES = 200  # per process and round
 
 
-@pytest.mark.parametrize(("store", "dispatches"), PROCESS_STORES)
-def test_processes_publish_exactly_one_message(app: Any, store: str, dispatches: int) -> None:
-    """U3/S1: 8 processes x 100 same-key dispatches (200 on Django's own RedisCache and on
-    django-valkey with a real Valkey server), 5 rounds, on the real Redis, on Valkey and on
-    PostgreSQL: exactly one message published per round."""
-    if not store.startswith("database"):
-        dedup, pg_name = {"STORE": store}, None
+@pytest.mark.parametrize("store", PROCESS_STORES)
+def test_processes_publish_exactly_one_message(
+    app: Any, store: str, request: pytest.FixtureRequest
+) -> None:
+    """U3/S1/S2/S3: 8 processes x 200 same-key dispatches, 5 rounds, on the real Redis
+    (django-redis and Django's own RedisCache), on a real Valkey (django-valkey), on
+    PostgreSQL and on a real memcached (PyMemcacheCache): exactly one message published
+    per round."""
+    caches: dict[str, Any] = {}
+    pg_name = None
+    if store in ("redis", "djredis", "valkey"):
+        dedup: dict[str, Any] = {"STORE": store}
+    elif store == "memcached":
+        server = request.getfixturevalue("memcached_server")
+        server.flush()
+        dedup, caches = {"STORE": "memcached"}, {"memcached": server.cache()}
     else:
         dedup = {"STORE": "database", "DATABASE_ALIAS": "postgres"}
         pg_name = settings.DATABASES["postgres"]["NAME"]
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Manager().Barrier(8)
     figures = []
-    with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
+    with ctx.Pool(8, initializer=contention.init,
+                  initargs=(barrier, dedup, pg_name, caches)) as pool:
         for round_ in range(5):
-            results = pool.starmap(contention.burst, [(1000 + round_, dispatches)] * 8,
+            results = pool.starmap(contention.burst, [(1000 + round_, DISPATCHES)] * 8,
                                    chunksize=1)
             published = sum(sum(r) for r in results)
             figures.append(published)
-            assert sum(len(r) for r in results) == 8 * dispatches
+            assert sum(len(r) for r in results) == 8 * DISPATCHES
             assert queued(app) == round_ + 1
-    print(f"U3 {store}: messages published per round of {8 * dispatches} dispatches: "
+    print(f"U3 {store}: messages published per round of {8 * DISPATCHES} dispatches: "
           f"{figures}")
     assert figures == [1] * 5
