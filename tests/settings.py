@@ -1,12 +1,19 @@
-"""Settings for the test suite: real Redis, real PostgreSQL, SQLite, locmem."""
+"""Settings for the test suite: real Redis, real PostgreSQL, real MariaDB, SQLite, locmem."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
+import pymysql
+
+# Django's MySQL backend imports MySQLdb (mysqlclient, a C extension built against
+# libmariadb); PyMySQL, pure Python, stands in for it here (see docs/installation.md).
+pymysql.install_as_MySQLdb()
+
 REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
 PG_HOST = os.environ.get("DEDUP_JOBS_TEST_PG_HOST", "127.0.0.1")
+MARIADB_HOST = os.environ.get("DEDUP_JOBS_TEST_MARIADB_HOST", "127.0.0.1")
 RABBITMQ_URL = os.environ.get("DEDUP_JOBS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 SECRET_KEY = "tests-only"
@@ -63,6 +70,18 @@ DATABASES = {
         "HOST": PG_HOST,
         "PORT": 5432,
         "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}"},
+    },
+    # MariaDB 10.11 (MySQL's syntax): the server's own default isolation, REPEATABLE READ
+    # (Django would otherwise pick READ COMMITTED), so that gap locks are in play.
+    "mariadb": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "test",
+        "USER": "root",
+        "PASSWORD": "",
+        "HOST": MARIADB_HOST,
+        "PORT": 3306,
+        "OPTIONS": {"charset": "utf8mb4", "isolation_level": "repeatable read"},
+        "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}", "CHARSET": "utf8mb4"},
     },
 }
 

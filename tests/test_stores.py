@@ -373,3 +373,22 @@ def test_acquire_sent_twice_still_publishes(monkeypatch: pytest.MonkeyPatch) -> 
     assert result.deduplicated is False
     lock = jobs.unique_sleep.store().get(jobs.unique_sleep.job_key((1,), {}))
     assert lock is not None and lock.owner == result.id
+
+
+def test_ids_differing_in_case_accents_or_trailing_spaces_are_distinct_locks(
+    store_name: str,
+) -> None:
+    """S3/U1: keys compare byte for byte on every store: ids that differ only in case, in an
+    accent or by a trailing space are different locks (a database whose collation folds
+    them, as MySQL's and MariaDB's defaults do, must not merge them)."""
+    from dedup_jobs.keys import build_key
+
+    store = jobs.unique_sleep.store()
+    idents = ["item=abc", "item=ABC", "item=abć", "item=abc "]
+    for n, ident in enumerate(idents):
+        key = build_key("unique", "tests.unique_sleep", ident)
+        answer = store.acquire(key, f"owner-{n}", 60, now=clock.now())
+        assert (answer.acquired, answer.holder) == (True, f"owner-{n}"), ident
+    for n, ident in enumerate(idents):
+        lock = store.get(build_key("unique", "tests.unique_sleep", ident))
+        assert lock is not None and lock.owner == f"owner-{n}", ident
