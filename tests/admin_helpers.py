@@ -49,6 +49,7 @@ def unreachable_redis() -> dict[str, Any]:
 
 TX = pytest.mark.django_db(transaction=True)
 TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+TX_MARIADB = pytest.mark.django_db(databases=["default", "mariadb"], transaction=True)
 
 
 @pytest.fixture(
@@ -58,13 +59,18 @@ TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=Tru
         pytest.param(
             "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
         ),
+        pytest.param(
+            "database-mariadb", marks=[pytest.mark.mariadb, TX_MARIADB], id="database-mariadb"
+        ),
     ]
 )
 def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The stores that can list: django-redis (its index) and the database store (SQLite and
-    PostgreSQL); yields the store alias."""
+    """The stores that can list: django-redis (its index) and the database store (SQLite,
+    PostgreSQL and MariaDB); yields the store alias."""
+    from tests.conftest import database_alias
+
     alias = "database" if request.param.startswith("database") else request.param
-    using = "postgres" if request.param == "database-postgres" else "default"
+    using = database_alias(request.param)
     with override_settings(
         DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias, "DATABASE_ALIAS": using}
     ):
