@@ -18,6 +18,7 @@ from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import Renewed
 from tests import jobs
+from tests.conftest import DATABASE_STORE_PARAMS
 
 MEMORY = "memory://"  # publish without touching Redis, so commandstats count only the store
 
@@ -334,22 +335,31 @@ def test_database_release_is_one_delete_even_with_delete_receivers() -> None:
         pre_delete.disconnect(receiver)
 
 
-@pytest.mark.django_db(transaction=True)
-@override_settings(USE_TZ=False, DEDUP_JOBS={"STORE": "database"})
-def test_database_store_without_time_zones() -> None:
-    """S3: the database store works with USE_TZ = False (naive local datetimes)."""
+@pytest.mark.parametrize("store_name", DATABASE_STORE_PARAMS, indirect=True)
+def test_database_store_without_time_zones(store_name: str) -> None:
+    """S3: the database store works with USE_TZ = False (naive datetimes in TIME_ZONE, here
+    America/Chicago: the server's UTC clock is shifted to it), on every database."""
     import time
 
-    store = get_store("database")
-    key = jobs.unique_sleep.job_key((1,), {})
-    now = clock.now()
-    assert store.acquire(key, "a", 0.5, now=now).acquired
-    assert not store.acquire(key, "b", 60, now=now).acquired
-    lock = store.get(key)
-    assert lock is not None and lock.owner == "a"
-    assert lock.expires_at == pytest.approx(time.time() + 0.5, abs=2)
-    time.sleep(0.7)
-    assert store.acquire(key, "b", 60, now=clock.now()).acquired
+    from dedup_jobs.keys import build_key
+    from dedup_jobs.stores.base import encode_call
+
+    with override_settings(USE_TZ=False):
+        store = get_store("database")
+        key = jobs.unique_sleep.job_key((1,), {})
+        now = clock.now()
+        assert store.acquire(key, "a", 0.5, now=now).acquired
+        assert not store.acquire(key, "b", 60, now=now).acquired
+        lock = store.get(key)
+        assert lock is not None and lock.owner == "a"
+        assert lock.expires_at == pytest.approx(time.time() + 0.5, abs=2)
+        burst = build_key("debounce", "tests.no_tz", "item=1")
+        assert store.debounce(burst, "m1", encode_call([1], {}), now=now, debounce_for=1.0,
+                              max_wait=None, ttl=60.0).new
+        state = store.get_debounce(burst)
+        assert state is not None and state.runs_at == pytest.approx(now + 1.0, abs=0.01)
+        time.sleep(0.7)
+        assert store.acquire(key, "b", 60, now=clock.now()).acquired
 
 
 @pytest.mark.redis
