@@ -63,16 +63,11 @@ DATABASES = {
         "NAME": f"{_tmp}.sqlite3",
         "TEST": {"NAME": f"{_tmp}_test.sqlite3"},
     },
-    "postgres": {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": "dedup_jobs",
-        "USER": "postgres",
-        "HOST": PG_HOST,
-        "PORT": 5432,
-        "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}"},
-    },
-    # MariaDB 10.11 (MySQL's syntax): the server's own default isolation, REPEATABLE READ
-    # (Django would otherwise pick READ COMMITTED), so that gap locks are in play.
+    # MariaDB 10.11 (MySQL's syntax) in the server's own default isolation, REPEATABLE READ
+    # (Django would otherwise pick READ COMMITTED), so that gap locks are in play. Listed
+    # before "postgres": test databases are torn down in this order and the teardown stops at
+    # the first that fails (PostgreSQL's, while a worker thread's connection lingers), and
+    # this server is shared.
     "mariadb": {
         "ENGINE": "django.db.backends.mysql",
         "NAME": "test",
@@ -82,6 +77,14 @@ DATABASES = {
         "PORT": 3306,
         "OPTIONS": {"charset": "utf8mb4", "isolation_level": "repeatable read"},
         "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}", "CHARSET": "utf8mb4"},
+    },
+    "postgres": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "dedup_jobs",
+        "USER": "postgres",
+        "HOST": PG_HOST,
+        "PORT": 5432,
+        "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}"},
     },
 }
 
