@@ -49,14 +49,18 @@ def unreachable_redis() -> dict[str, Any]:
 
 TX = pytest.mark.django_db(transaction=True)
 TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+TX_MARIADB = pytest.mark.django_db(databases=["default", "mariadb"], transaction=True)
 
 
-#: the stores that can list: django-redis, the database store on SQLite and PostgreSQL
+#: the stores that can list: django-redis, the database store on SQLite, PostgreSQL, MariaDB
 MAIN_LISTED = [
     pytest.param("redis", marks=[pytest.mark.redis, TX], id="django-redis"),
     pytest.param("database", marks=TX, id="database-sqlite"),
     pytest.param(
         "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
+    ),
+    pytest.param(
+        "database-mariadb", marks=[pytest.mark.mariadb, TX_MARIADB], id="database-mariadb"
     ),
 ]
 #: ... and the other Redis-protocol backends (S1): Django's own RedisCache, django-valkey
@@ -74,8 +78,10 @@ def listed_store_fixture(params: list[Any]) -> Any:
 
     @pytest.fixture(params=params)
     def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
+        from tests.conftest import database_alias
+
         alias = "database" if request.param.startswith("database") else request.param
-        using = "postgres" if request.param == "database-postgres" else "default"
+        using = database_alias(request.param)
         with override_settings(
             DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias, "DATABASE_ALIAS": using}
         ):
@@ -85,7 +91,7 @@ def listed_store_fixture(params: list[Any]) -> Any:
 
 
 #: The stores that can list: the Redis-protocol ones (their index: django-redis, Django's own
-#: RedisCache, django-valkey on Valkey) and the database store (SQLite and PostgreSQL).
+#: RedisCache, django-valkey on Valkey) and the database store (SQLite, PostgreSQL, MariaDB).
 listed_store = listed_store_fixture(ALL_LISTED)
 #: The same without the Redis-family variants, for the admin's page-number matrix
 #: (tests/test_bad_input.py), whose Redis path is the same code on every Redis backend.

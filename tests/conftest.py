@@ -24,6 +24,7 @@ _rabbit = urlsplit(settings.RABBITMQ_URL)
 SERVICES = {
     "redis": (_redis.hostname or "127.0.0.1", _redis.port or 6379),
     "postgres": (settings.PG_HOST, 5432),
+    "mariadb": (settings.MARIADB_HOST, 3306),
     "rabbitmq": (_rabbit.hostname or "127.0.0.1", _rabbit.port or 5672),
 }
 
@@ -91,11 +92,16 @@ def valkey_url() -> Iterator[str]:
             os.environ.pop("DEDUP_JOBS_TEST_VALKEY", None)
 
 
+#: the DATABASES alias each database server's marker brings into a test
+SERVER_DATABASES = ("postgres", "mariadb")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("postgres"):
+        servers = [alias for alias in SERVER_DATABASES if item.get_closest_marker(alias)]
+        if servers:
             item.add_marker(
-                pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+                pytest.mark.django_db(databases=["default", *servers], transaction=True)
             )
         elif "store_name" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.django_db(transaction=True))
@@ -137,6 +143,7 @@ STORE_PARAMS = [
     pytest.param("locmem", id="locmem"),
     pytest.param("database", id="database-sqlite"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
 ]
 #: the other Redis-protocol backends of S1 (the store-facing suites run on them too; the
 #: worker-based suites keep to STORE_PARAMS)
@@ -148,11 +155,19 @@ REDIS_FAMILY_EXTRA = [
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
 ALL_STORE_PARAMS = [*STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached")]
+#: the database store on each database the suite runs (for tests of the database store alone)
+DATABASE_STORE_PARAMS = [p for p in STORE_PARAMS if str(p.values[0]).startswith("database")]
+
+
+def database_alias(store_name: str) -> str:
+    """The DATABASES alias a ``store_name`` param puts the database store on."""
+    return {"database-postgres": "postgres", "database-mariadb": "mariadb"}.get(
+        store_name, "default")
 
 
 def _store_settings(name: str) -> dict[str, Any]:
-    if name == "database-postgres":
-        return {"STORE": "database", "DATABASE_ALIAS": "postgres"}
+    if name.startswith("database"):
+        return {"STORE": "database", "DATABASE_ALIAS": database_alias(name)}
     return {"STORE": name, "DATABASE_ALIAS": "default"}
 
 

@@ -18,7 +18,7 @@ from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import Renewed
 from tests import jobs
-from tests.conftest import ALL_STORE_PARAMS, store_fixture
+from tests.conftest import ALL_STORE_PARAMS, DATABASE_STORE_PARAMS, store_fixture
 
 #: the store-facing tests run on every store, the other Redis-protocol backends included
 store_name = store_fixture(ALL_STORE_PARAMS)
@@ -182,23 +182,18 @@ def test_postgres_acquire_is_one_statement() -> None:
 
 
 def test_expired_lock_is_free_again(store_name: str) -> None:
-    """U5/S3: a lock past its expiry is free for the next owner (clock seam, no sleeping
-    where the store keeps its own time)."""
+    """U5/S3: a lock past its expiry is free for the next owner."""
     store = jobs.unique_sleep.store()
     key = jobs.unique_sleep.job_key((1,), {})
     now = clock.now()
     assert store.acquire(key, "a", 0.3, now=now).acquired
     assert not store.acquire(key, "b", 60, now=now).acquired
-    if store_name.startswith("database"):
-        later = now + 1  # the database store compares against the clock seam
-    else:
-        import time
+    import time
 
-        # redis and caches expire keys themselves; memcached in whole seconds of its own
-        # clock, and never sooner than asked: 0.3 s lives ceil(0.3) + 1 = 1 to 2 s
-        time.sleep(2.05 if store_name == "memcached" else 0.4)
-        later = clock.now()
-    answer = store.acquire(key, "b", 60, now=later)
+    # every store expires by its own clock (the database server's, S3); memcached in whole
+    # seconds, never sooner than asked: 0.3 s lives ceil(0.3) + 1 = 1 to 2 s
+    time.sleep(2.05 if store_name == "memcached" else 0.4)
+    answer = store.acquire(key, "b", 60, now=clock.now())
     assert answer.acquired and answer.holder == "b"
 
 
@@ -347,18 +342,31 @@ def test_database_release_is_one_delete_even_with_delete_receivers() -> None:
         pre_delete.disconnect(receiver)
 
 
-@pytest.mark.django_db(transaction=True)
-@override_settings(USE_TZ=False, DEDUP_JOBS={"STORE": "database"})
-def test_database_store_without_time_zones() -> None:
-    """S3: the database store works with USE_TZ = False (naive local datetimes)."""
-    store = get_store("database")
-    key = jobs.unique_sleep.job_key((1,), {})
-    now = clock.now()
-    assert store.acquire(key, "a", 60, now=now).acquired
-    assert not store.acquire(key, "b", 60, now=now).acquired
-    lock = store.get(key)
-    assert lock is not None and lock.owner == "a"
-    assert store.acquire(key, "b", 60, now=now + 61).acquired
+@pytest.mark.parametrize("store_name", DATABASE_STORE_PARAMS, indirect=True)
+def test_database_store_without_time_zones(store_name: str) -> None:
+    """S3: the database store works with USE_TZ = False (naive datetimes in TIME_ZONE, here
+    America/Chicago: the server's UTC clock is shifted to it), on every database."""
+    import time
+
+    from dedup_jobs.keys import build_key
+    from dedup_jobs.stores.base import encode_call
+
+    with override_settings(USE_TZ=False):
+        store = get_store("database")
+        key = jobs.unique_sleep.job_key((1,), {})
+        now = clock.now()
+        assert store.acquire(key, "a", 0.5, now=now).acquired
+        assert not store.acquire(key, "b", 60, now=now).acquired
+        lock = store.get(key)
+        assert lock is not None and lock.owner == "a"
+        assert lock.expires_at == pytest.approx(time.time() + 0.5, abs=2)
+        burst = build_key("debounce", "tests.no_tz", "item=1")
+        assert store.debounce(burst, "m1", encode_call([1], {}), now=now, debounce_for=1.0,
+                              max_wait=None, ttl=60.0).new
+        state = store.get_debounce(burst)
+        assert state is not None and state.runs_at == pytest.approx(now + 1.0, abs=0.01)
+        time.sleep(0.7)
+        assert store.acquire(key, "b", 60, now=clock.now()).acquired
 
 
 def test_acquire_sent_twice_still_publishes(
@@ -381,3 +389,4 @@ def test_acquire_sent_twice_still_publishes(
     assert result.deduplicated is False
     lock = jobs.unique_sleep.store().get(jobs.unique_sleep.job_key((1,), {}))
     assert lock is not None and lock.owner == result.id
+
