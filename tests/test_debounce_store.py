@@ -20,9 +20,8 @@ from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, MISSING, OTHER, WAIT, BaseStore, Debounced, encode_call
-from dedup_jobs.stores.database import debounce as db_debounce
-from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from dedup_jobs.stores.database import statements
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from tests.test_stores import MEMORY, delta
 
 #: the store-facing tests run on every store, the other Redis-protocol backends included
