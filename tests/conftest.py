@@ -154,7 +154,10 @@ REDIS_FAMILY_EXTRA = [
 #: every Redis-protocol backend (S1): django-redis, Django's own RedisCache, django-valkey
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
-ALL_STORE_PARAMS = [*STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached")]
+ALL_STORE_PARAMS = [
+    *STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached"),
+    pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
+]
 #: the database store on each database the suite runs (for tests of the database store alone)
 DATABASE_STORE_PARAMS = [p for p in STORE_PARAMS if str(p.values[0]).startswith("database")]
 
@@ -178,9 +181,25 @@ def memcached_server() -> Iterator[MemcachedServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def sentinel_store() -> Iterator[tuple[dict[str, Any], Any]]:
+    """S6: a primary, a replica and three sentinels of the tests' own for the whole run
+    (tests/faults/sentinel.py), stopped by pid: (its django-redis CACHES entry, the set-up)."""
+    from tests.faults.sentinel import sentinel_cache, sentinel_setup
+
+    with sentinel_setup() as setup:
+        yield sentinel_cache(setup), setup
+
+
 def _use_store(request: pytest.FixtureRequest) -> Iterator[str]:
     name: str = request.param
     dedup = {**settings.DEDUP_JOBS, **_store_settings(name)}
+    if name == "sentinel":
+        cache, setup = request.getfixturevalue("sentinel_store")
+        setup.primary_server.client.flushdb()
+        with override_settings(CACHES={**settings.CACHES, "sentinel": cache}, DEDUP_JOBS=dedup):
+            yield name
+        return
     if name != "memcached":
         with override_settings(DEDUP_JOBS=dedup):
             yield name

@@ -21,6 +21,8 @@ import redis
 
 from tests.faults.servers import HOST, RedisServer, free_port, redis_server, redis_server_binary
 
+#: the monitored service's name; each set-up gets its own ("dedup-primary-<port>"), since
+#: django-redis keeps connection pools per URL for the life of the process
 SERVICE = "dedup-primary"
 #: a sentinel calls the primary down after this long without an answer
 DOWN_AFTER_MS = 1000
@@ -33,13 +35,14 @@ class SentinelSetup:
     replica: RedisServer
     sentinels: list[tuple[str, int]]
     processes: list[subprocess.Popen[bytes]] = field(repr=False)
+    service: str = SERVICE
 
     def primary(self) -> tuple[str, int] | None:
         """(host, port) of the primary as the first sentinel that answers reports it."""
         for host, port in self.sentinels:
             client = redis.Redis(host=host, port=port, socket_timeout=0.5, retry=None)
             try:
-                found = client.sentinel_get_master_addr_by_name(SERVICE)
+                found = client.sentinel_get_master_addr_by_name(self.service)
             except redis.RedisError:
                 continue
             finally:
@@ -54,14 +57,14 @@ class SentinelSetup:
         self.primary_server.process.wait(timeout=5)
 
 
-def _sentinel_conf(directory: Path, port: int, primary: RedisServer) -> Path:
+def _sentinel_conf(directory: Path, port: int, primary: RedisServer, service: str) -> Path:
     conf = directory / f"sentinel-{port}.conf"
     conf.write_text(
         f"port {port}\nbind {HOST}\ndir {directory}\n"
-        f"sentinel monitor {SERVICE} {primary.host} {primary.port} 2\n"
-        f"sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n"
-        f"sentinel failover-timeout {SERVICE} {FAILOVER_TIMEOUT_MS}\n"
-        f"sentinel parallel-syncs {SERVICE} 1\n"
+        f"sentinel monitor {service} {primary.host} {primary.port} 2\n"
+        f"sentinel down-after-milliseconds {service} {DOWN_AFTER_MS}\n"
+        f"sentinel failover-timeout {service} {FAILOVER_TIMEOUT_MS}\n"
+        f"sentinel parallel-syncs {service} 1\n"
     )
     return conf
 
@@ -85,20 +88,21 @@ def sentinel_setup() -> Iterator[SentinelSetup]:
         directory = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         processes: list[subprocess.Popen[bytes]] = []
         sentinels: list[tuple[str, int]] = []
+        service = f"{SERVICE}-{primary.port}"
         try:
             for _ in range(3):
                 port = free_port()
-                conf = _sentinel_conf(directory, port, primary)
+                conf = _sentinel_conf(directory, port, primary, service)
                 processes.append(subprocess.Popen(
                     [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL))
                 sentinels.append((HOST, port))
-            setup = SentinelSetup(primary, replica, sentinels, processes)
+            setup = SentinelSetup(primary, replica, sentinels, processes, service)
             _wait(lambda: replica.client.info("replication").get("master_link_status") == "up",
                   20, "the replica never synced")
             _wait(lambda: setup.primary() == (primary.host, primary.port), 20,
                   "no sentinel reports the primary")
-            _wait(lambda: all(_knows_replica(host, port) for host, port in sentinels), 30,
+            _wait(lambda: all(_knows_replica(host, port, service) for host, port in sentinels), 30,
                   "the sentinels never saw the replica")
             yield setup
         finally:
@@ -113,10 +117,25 @@ def sentinel_setup() -> Iterator[SentinelSetup]:
                     process.wait(timeout=5)
 
 
-def _knows_replica(host: str, port: int) -> bool:
+def sentinel_cache(setup: SentinelSetup) -> dict[str, object]:
+    """A django-redis CACHES entry on the Sentinel-managed primary (its SentinelClient)."""
+    return {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{setup.service}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "SENTINELS": setup.sentinels,
+            "SOCKET_TIMEOUT": 0.5,
+            "SOCKET_CONNECT_TIMEOUT": 0.5,
+        },
+    }
+
+
+def _knows_replica(host: str, port: int, service: str) -> bool:
     client = redis.Redis(host=host, port=port, socket_timeout=0.5, retry=None)
     try:
-        return bool(client.sentinel_slaves(SERVICE))
+        return bool(client.sentinel_slaves(service))
     except redis.RedisError:
         return False
     finally:
