@@ -43,6 +43,7 @@ from dedup_jobs.stores.base import (
     Started,
     decode_call,
 )
+from dedup_jobs.stores.cache_flow import CacheFlowMixin
 
 NON_ATOMIC_BACKENDS = (
     "django.core.cache.backends.db.DatabaseCache",
@@ -57,7 +58,7 @@ def backend_path(cache: Any) -> str:
     return f"{type(cache).__module__}.{type(cache).__qualname__}"
 
 
-class CacheStore(BaseStore):
+class CacheStore(CacheFlowMixin, BaseStore):
     """Locks in any Django cache, as dicts: ``{"owner", "state", "acquired", "expires", ...}``."""
 
     cannot_list_reason = (

@@ -29,6 +29,7 @@ from dedup_jobs.stores.base import (
     Started,
 )
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
+from dedup_jobs.stores.database.flow import DatabaseFlowMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.renew import DatabaseRenewMixin
 from dedup_jobs.stores.search import Search
@@ -66,7 +67,7 @@ LIVE = (
 )
 
 
-class DatabaseStore(DatabaseRenewMixin, DatabaseDebounceMixin, BaseStore):
+class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:
