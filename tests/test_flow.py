@@ -4,6 +4,7 @@ real Redis and PostgreSQL."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import time
 from ast import literal_eval
@@ -81,6 +82,7 @@ def test_replace_storm_one_owner_one_run(app: Any, store: str) -> None:
         with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
             ids = pool.starmap(contention.replace_burst, [(7, value) for value in range(8)],
                                chunksize=1)
+        assert len(set(ids)) == 8  # every dispatch was published with its own id
         task = jobs_flow.replace_latest
         lock = task.store().get(task.job_key((7,), {}))
         assert lock is not None and lock.owner in ids
@@ -151,7 +153,7 @@ def test_without_overlapping_five_dispatches_during_a_run(app: Any, store: str) 
         assert all(r.state in READY_STATES for r in results)
         runs = sorted(_records("no_overlap"), key=lambda r: r[2])
         assert 1 <= len(runs) - 1 <= 1, runs
-        for before, after in zip(runs, runs[1:]):
+        for before, after in itertools.pairwise(runs):
             assert before[3] <= after[2], f"runs overlap: {before} and {after}"
         assert runs[0][1] == 0 and runs[1][1] == 1  # the first later dispatch ran, after
 
