@@ -78,8 +78,9 @@ def registered_jobs() -> list[Any]:
 
 
 def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from dedup_jobs.stores import REDIS_BACKENDS, store_class_for
-    from dedup_jobs.stores.cache import LOCAL_BACKEND, NON_ATOMIC_BACKENDS
+    from dedup_jobs.stores import redis_fallback, store_class_for
+    from dedup_jobs.stores.cache import LOCAL_BACKEND, MEMCACHED_BACKEND, NON_ATOMIC_BACKENDS
+    from dedup_jobs.stores.redis.adapters import FALLBACK_HINT, adapter_for, fallback_message
 
     messages: list[checks.CheckMessage] = []
     caches = getattr(settings, "CACHES", {})
@@ -93,13 +94,21 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                                       "real cache, or 'database'."))
             continue
         backend = caches.get(alias, {}).get("BACKEND", "")
+        adapter = adapter_for(backend) if alias in caches else None
         if backend in NON_ATOMIC_BACKENDS:
             messages.append(_warning(1, f"dedup_jobs store {alias!r} ({backend}, used by {who}) "
                                         f"is not atomic: two dispatches racing for one key can "
                                         f"both publish.", "Use django-redis or the 'database' "
                                         "store for locks that must hold under concurrency."))
-        elif backend in REDIS_BACKENDS:
-            messages.extend(_check_socket_timeout(alias, caches[alias], who))
+        elif adapter is not None:
+            problem = redis_fallback(alias, adapter.backend)
+            if problem is not None:
+                messages.append(_warning(6, f"{fallback_message(alias, problem)} (used by "
+                                            f"{who})", FALLBACK_HINT))
+            timeout = adapter.socket_timeout(caches[alias].get("OPTIONS") or {})
+            messages.extend(_check_socket_timeout(alias, timeout, adapter.backend, who))
+        elif backend == MEMCACHED_BACKEND:
+            messages.extend(_check_memcached_timeout(alias, caches[alias], who))
         elif backend == LOCAL_BACKEND:
             messages.append(_warning(2, f"dedup_jobs store {alias!r} (LocMemCache, used by "
                                         f"{who}) keeps locks inside one process: workers and "
@@ -108,22 +117,49 @@ def check_stores(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return messages
 
 
-def _check_socket_timeout(alias: str, cache: dict[str, Any], who: str) -> list[Any]:
+def _check_socket_timeout(alias: str, timeout: Any, backend: str, who: str) -> list[Any]:
     """W005 (S8): the cache's own operations can wait longer than a dedup_jobs decision may.
-    The store bounds its own calls by STORE_TIMEOUT whatever the cache says."""
+    The store bounds its own calls by STORE_TIMEOUT whatever the cache says. ``timeout``: the
+    socket timeout the cache's OPTIONS set (``SOCKET_TIMEOUT`` on django-redis and
+    django-valkey, ``socket_timeout`` on Django's own RedisCache)."""
     from dedup_jobs.conf import app_settings
+    from dedup_jobs.stores.redis.adapters import DJANGO_BUILTIN
 
-    timeout = (cache.get("OPTIONS") or {}).get("SOCKET_TIMEOUT")
+    names = (("socket_timeout", "socket_connect_timeout") if backend == DJANGO_BUILTIN
+             else ("SOCKET_TIMEOUT", "SOCKET_CONNECT_TIMEOUT"))
     limit = app_settings.STORE_TIMEOUT
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= limit:
         return []
-    said = "sets no SOCKET_TIMEOUT" if timeout is None else f"sets SOCKET_TIMEOUT = {timeout!r}"
+    said = f"sets no {names[0]}" if timeout is None else f"sets {names[0]} = {timeout!r}"
     return [_warning(5, f"CACHES[{alias!r}] (used by {who}) {said}: its own cache calls can "
                         f"wait longer than DEDUP_JOBS['STORE_TIMEOUT'] = {limit!r} s. dedup_jobs "
                         f"bounds its decisions by STORE_TIMEOUT on a connection of its own.",
-                     f"Set CACHES[{alias!r}]['OPTIONS']['SOCKET_TIMEOUT'] (and "
-                     f"SOCKET_CONNECT_TIMEOUT) to at most {limit!r}, so that the cache's own "
-                     f"calls fail as fast.")]
+                     f"Set CACHES[{alias!r}]['OPTIONS'][{names[0]!r}] (and {names[1]}) to at "
+                     f"most {limit!r}, so that the cache's own calls fail as fast.")]
+
+
+def _check_memcached_timeout(alias: str, cache: dict[str, Any], who: str) -> list[Any]:
+    """W005 (S8) for PyMemcacheCache: pymemcache waits forever unless the cache's OPTIONS set
+    ``timeout`` and ``connect_timeout`` (Django sets neither). The store bounds its own."""
+    from dedup_jobs.conf import app_settings
+
+    options = cache.get("OPTIONS") or {}
+    limit = app_settings.STORE_TIMEOUT
+    loose = []
+    for name in ("timeout", "connect_timeout"):
+        value = options.get(name)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and 0 < value <= limit):
+            loose.append(f"no {name!r}" if value is None else f"{name!r} = {value!r}")
+    if not loose:
+        return []
+    return [_warning(5, f"CACHES[{alias!r}] (PyMemcacheCache, used by {who}) sets "
+                        f"{' and '.join(loose)} in OPTIONS: its own cache calls can wait "
+                        f"longer than DEDUP_JOBS['STORE_TIMEOUT'] = {limit!r} s (pymemcache "
+                        f"waits forever by default). dedup_jobs bounds its decisions by "
+                        f"STORE_TIMEOUT on connections of its own.",
+                     f"Set CACHES[{alias!r}]['OPTIONS']['timeout'] and ['connect_timeout'] to "
+                     f"at most {limit!r}, so that the cache's own calls fail as fast.")]
 
 
 def check_database_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -192,7 +228,7 @@ FLOW_OPTIONS = ("without_overlapping", "observe_only")
 def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """R1-R3 options each registered job really has (task_annotations or code can change
     them after the class was validated): E009 flow-control options on a DebouncedJob, E010 a
-    bad on_duplicate, W006 without_overlapping on a UniqueJob (no effect there)."""
+    bad on_duplicate, W007 without_overlapping on a UniqueJob (no effect there)."""
     from dedup_jobs.jobs.debounced import DebouncedJob
     from dedup_jobs.jobs.unique import ON_DUPLICATE_CHOICES, UniqueJob
 
@@ -215,7 +251,7 @@ def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                                        f"not one of {ON_DUPLICATE_CHOICES!r}.",
                                    f"Set {task.name}.on_duplicate to one of them."))
         if task.without_overlapping and not task.release_on_start:
-            messages.append(_warning(6, f"{task.name}: without_overlapping = True on a "
+            messages.append(_warning(7, f"{task.name}: without_overlapping = True on a "
                                         f"UniqueJob changes nothing: its lock is held while "
                                         f"it runs, so no second run can start beside it.",
                                      "Use UniqueUntilProcessingJob for 'one queued and one "

@@ -16,8 +16,11 @@ class StoreUnavailable(DedupError):
     def __init__(self, store: str, error: BaseException | str) -> None:
         self.store = store
         self.error = error
+        # the class names what the client library parsed off the reply (ReadOnlyError for
+        # READONLY, MovedError for MOVED, BusyLoadingError for LOADING)
+        said = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         super().__init__(
-            f"dedup_jobs store {store!r} is unavailable ({error}). Nothing was published. "
+            f"dedup_jobs store {store!r} is unavailable ({said}). Nothing was published. "
             f"Check the connection of that store, or set DEDUP_JOBS['ON_STORE_ERROR'] = 'enqueue' "
             f"to publish without a lock while the store is down."
         )

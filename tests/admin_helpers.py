@@ -49,23 +49,50 @@ def unreachable_redis() -> dict[str, Any]:
 
 TX = pytest.mark.django_db(transaction=True)
 TX_PG = pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+TX_MARIADB = pytest.mark.django_db(databases=["default", "mariadb"], transaction=True)
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("redis", marks=[pytest.mark.redis, TX], id="django-redis"),
-        pytest.param("database", marks=TX, id="database-sqlite"),
-        pytest.param(
-            "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
-        ),
-    ]
-)
-def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The stores that can list: django-redis (its index) and the database store (SQLite and
-    PostgreSQL); yields the store alias."""
-    alias = "database" if request.param.startswith("database") else request.param
-    using = "postgres" if request.param == "database-postgres" else "default"
-    with override_settings(
-        DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias, "DATABASE_ALIAS": using}
-    ):
-        yield alias
+#: the stores that can list: django-redis, the database store on SQLite, PostgreSQL, MariaDB
+MAIN_LISTED = [
+    pytest.param("redis", marks=[pytest.mark.redis, TX], id="django-redis"),
+    pytest.param("database", marks=TX, id="database-sqlite"),
+    pytest.param(
+        "database-postgres", marks=[pytest.mark.postgres, TX_PG], id="database-postgres"
+    ),
+    pytest.param(
+        "database-mariadb", marks=[pytest.mark.mariadb, TX_MARIADB], id="database-mariadb"
+    ),
+]
+#: ... and the other Redis-protocol backends (S1): Django's own RedisCache, django-valkey
+ALL_LISTED = [
+    *MAIN_LISTED[:1],
+    pytest.param("djredis", marks=[pytest.mark.redis, TX], id="django-cache-redis"),
+    pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey, TX], id="django-valkey"),
+    *MAIN_LISTED[1:],
+]
+
+
+def listed_store_fixture(params: list[Any]) -> Any:
+    """A ``listed_store`` fixture over ``params``: yields the store alias, made
+    DEDUP_JOBS["STORE"]."""
+
+    @pytest.fixture(params=params)
+    def listed_store(request: pytest.FixtureRequest) -> Iterator[str]:
+        from tests.conftest import database_alias
+
+        alias = "database" if request.param.startswith("database") else request.param
+        using = database_alias(request.param)
+        with override_settings(
+            DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias, "DATABASE_ALIAS": using}
+        ):
+            yield alias
+
+    return listed_store
+
+
+#: The stores that can list: the Redis-protocol ones (their index: django-redis, Django's own
+#: RedisCache, django-valkey on Valkey) and the database store (SQLite, PostgreSQL, MariaDB).
+listed_store = listed_store_fixture(ALL_LISTED)
+#: The same without the Redis-family variants, for the admin's page-number matrix
+#: (tests/test_bad_input.py), whose Redis path is the same code on every Redis backend.
+listed_store_main = listed_store_fixture(MAIN_LISTED)

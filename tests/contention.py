@@ -8,7 +8,14 @@ from typing import Any
 _barrier: Any = None
 
 
-def init(barrier: Any, dedup: dict[str, Any], pg_name: str | None) -> None:
+def init(
+    barrier: Any, dedup: dict[str, Any], database: tuple[str, str] | None, form: str = "",
+    caches: dict[str, Any] | None = None,
+) -> None:
+    """``database``: the (alias, test database name) the parent's test runs on; ``form``:
+    the statement form the database store takes there, when not its own (e.g. MySQL 8's
+    "duplicate_key_read" on MariaDB); ``caches``: CACHES entries of the parent's test (a
+    memcached it started)."""
     global _barrier
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     import django
@@ -18,9 +25,16 @@ def init(barrier: Any, dedup: dict[str, Any], pg_name: str | None) -> None:
     from django.db import connections
 
     settings.DEDUP_JOBS = dedup
-    if pg_name:
-        settings.DATABASES["postgres"]["NAME"] = pg_name
-        connections["postgres"].settings_dict["NAME"] = pg_name
+    if caches:  # before any cache is made: Django reads CACHES once
+        settings.CACHES = {**settings.CACHES, **caches}
+    if database:
+        alias, name = database
+        settings.DATABASES[alias]["NAME"] = name
+        connections[alias].settings_dict["NAME"] = name
+    if form:
+        from dedup_jobs.stores.database import statements
+
+        statements.dialect = lambda connection: form
     import tests.celery_app  # noqa: F401 - binds the shared tasks to the test app
 
     _barrier = barrier

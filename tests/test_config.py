@@ -168,3 +168,22 @@ def test_redis_cache_without_a_bounded_timeout_is_warned(options: dict[str, Any]
     assert "dedup_jobs.W005" in ids(CACHES=caches)
     bounded = {**caches, "redis": {**caches["redis"], "OPTIONS": {"SOCKET_TIMEOUT": 2}}}
     assert "dedup_jobs.W005" not in ids(CACHES=bounded)
+
+
+@pytest.mark.parametrize("options", [{}, {"timeout": 30, "connect_timeout": 1},
+                                     {"timeout": 1}])
+def test_memcached_cache_without_a_bounded_timeout_is_warned(options: dict[str, Any]) -> None:
+    """S8/A3: a PyMemcacheCache store whose pymemcache ``timeout`` or ``connect_timeout`` is
+    unset (Django sets neither: pymemcache then waits forever) or above STORE_TIMEOUT is
+    W005, naming the option and the fix; both set within it is quiet."""
+    from django.conf import settings
+
+    cache = {"BACKEND": "django.core.cache.backends.memcached.PyMemcacheCache",
+             "LOCATION": "127.0.0.1:11211", "OPTIONS": options}
+    caches = {**settings.CACHES, "mc": cache}
+    with override_settings(CACHES=caches, DEDUP_JOBS={"STORE": "mc"}):
+        warned = [m for m in run_checks() if m.id == "dedup_jobs.W005"]
+    assert len(warned) == 1 and "'mc'" in warned[0].msg and "PyMemcacheCache" in warned[0].msg
+    assert "'timeout'" in warned[0].hint
+    bounded = {**caches, "mc": {**cache, "OPTIONS": {"timeout": 2, "connect_timeout": 2}}}
+    assert "dedup_jobs.W005" not in ids(CACHES=bounded, DEDUP_JOBS={"STORE": "mc"})

@@ -1,10 +1,11 @@
-"""The debounce half of every store (django-redis, locmem, database on SQLite and
-PostgreSQL): one dispatch, one claim, the state the admin lists. Times are passed in, so no
-test sleeps."""
+"""The debounce half of every store (django-redis, Django's RedisCache, django-valkey on
+Valkey, locmem, database on SQLite and PostgreSQL): one dispatch, one claim, the state the
+admin lists. Times are passed in, so no test sleeps."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import kombu
@@ -19,8 +20,12 @@ from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, MISSING, OTHER, WAIT, BaseStore, Debounced, encode_call
-from dedup_jobs.stores.database import debounce as db_debounce
+from dedup_jobs.stores.database import statements
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from tests.test_stores import MEMORY, delta
+
+#: the store-facing tests run on every store, the other Redis-protocol backends included
+store_name = store_fixture(ALL_STORE_PARAMS)
 
 T0 = 1_800_000_000.0
 KEY = build_key("debounce", "tests.store_debounce", "item=1")
@@ -105,10 +110,12 @@ def test_missing_and_other(store_name: str) -> None:
 def test_expired_state_starts_a_new_burst() -> None:
     """D7: a burst whose database row outlived its ttl (its message long gone) does not
     swallow new dispatches: the next dispatch starts a new burst and publishes. (Cache
-    stores expire the key itself.)"""
+    stores expire the key itself.) The row expires by the database server's clock (S3)."""
     with override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "default"}):
         store = get_store("database")
-        dispatch(store, "old", 1, T0)
+        store.debounce(KEY, "old", encode_call([1], {}), now=T0, debounce_for=0.1,
+                       max_wait=None, ttl=0.2)
+        time.sleep(0.5)
         assert dispatch(store, "new", 2, T0 + 100).new is True
         assert store.claim_due(KEY, "old", now=T0 + 200).action == OTHER
 
@@ -172,11 +179,15 @@ def test_iter_debounces_lists_pending(store_name: str) -> None:
     assert listed[0].deadline is None and listed[0].args == (2,)
 
 
-@pytest.mark.postgres
-def test_portable_path_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
-    """S3: the row-locking path used on MySQL/MariaDB behaves as the one-statement upsert."""
-    monkeypatch.setattr(db_debounce, "UPSERT_VENDORS", ())
-    with override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "postgres"}):
+@pytest.mark.parametrize("database", [
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+])
+def test_row_locking_path(database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3: the row-locking path MySQL 8 takes (no RETURNING) behaves as the one-statement
+    upsert, here on PostgreSQL and on MariaDB (InnoDB, as MySQL)."""
+    monkeypatch.setattr(statements, "dialect", lambda connection: None)
+    with override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": database}):
         store = get_store("database")
         assert dispatch(store, "a", 1, T0).new is True
         second = dispatch(store, "b", 2, T0 + 1)
@@ -185,19 +196,21 @@ def test_portable_path_on_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
         claimed = store.claim_due(KEY, "a", now=T0 + 3)
         assert claimed.action == CLAIMED and claimed.absorbed == ("a", "b")
         assert claimed.args == (2,)
-        dispatch(store, "old", 1, T0)
+        store.debounce(KEY, "old", encode_call([1], {}), now=T0, debounce_for=0.1,
+                       max_wait=None, ttl=0.2)
+        time.sleep(0.5)  # the row expired, by the database server's clock
         assert dispatch(store, "new", 2, T0 + 100).new is True
 
 
-@pytest.mark.redis
-@override_settings(DEDUP_JOBS={"STORE": "redis"})
 def test_redis_one_round_trip_per_dispatch_and_claim(
-    redis_client: Any, monkeypatch: pytest.MonkeyPatch
+    family_store: str, server_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """S1 / section 8: on django-redis a debounced dispatch (first or absorbed) is one
-    EVALSHA, and so is the worker's claim of a due burst."""
+    """S1 / section 8: on every Redis-protocol backend (django-redis, Django's RedisCache,
+    django-valkey on Valkey) a debounced dispatch (first or absorbed) is one EVALSHA, and so
+    is the worker's claim of a due burst, counted on the server."""
     from tests import jobs_debounce
 
+    redis_client = server_client
     task = jobs_debounce.debounce_record
     with kombu.Connection(MEMORY) as memory:
         warm = task.apply_async((0, 0), connection=memory)  # loads the script once
@@ -209,7 +222,7 @@ def test_redis_one_round_trip_per_dispatch_and_claim(
             "evalsha": 1
         }
     key = task.job_key((1, 2), {})
-    header = {HEADER: key.as_header("redis")}
+    header = {HEADER: key.as_header(family_store)}
     later = clock.now() + 5
     monkeypatch.setattr(clock, "now", lambda: later)
     # Load the claim script too (another test may have run SCRIPT FLUSH).

@@ -13,6 +13,7 @@ from django.core.cache import caches
 from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.database.models import PendingDebounce
 from tests import jobs_debounce as jobs
+from tests.conftest import database_alias
 from tests.workers import thread_worker, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.worker]
@@ -89,7 +90,7 @@ def _drop_state(store_name: str, redis_client: Any) -> None:
     elif store_name == "locmem":
         caches["locmem"].clear()
     else:
-        using = "postgres" if store_name == "database-postgres" else "default"
+        using = database_alias(store_name)
         PendingDebounce.objects.using(using).all().delete()
 
 

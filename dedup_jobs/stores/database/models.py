@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.db import models
 
-from dedup_jobs import clock
+from dedup_jobs.stores.database.servertime import ServerNow
 
 
 class JobLockQuerySet(models.QuerySet["JobLock"]):
-    def held(self, now: datetime | None = None) -> JobLockQuerySet:
-        return self.filter(expires_at__gt=now or clock.db_datetime(clock.now()))
+    """``held()`` / ``expired()`` compare against the database server's clock (S3)."""
 
-    def expired(self, now: datetime | None = None) -> JobLockQuerySet:
-        return self.filter(expires_at__lte=now or clock.db_datetime(clock.now()))
+    def held(self) -> JobLockQuerySet:
+        return self.filter(expires_at__gt=ServerNow())
+
+    def expired(self) -> JobLockQuerySet:
+        return self.filter(expires_at__lte=ServerNow())
 
 
 class JobLock(models.Model):
@@ -42,11 +42,13 @@ class JobLock(models.Model):
 
 
 class PendingDebounceQuerySet(models.QuerySet["PendingDebounce"]):
-    def pending(self, now: datetime | None = None) -> PendingDebounceQuerySet:
-        return self.filter(expires_at__gt=now or clock.to_datetime(clock.now()))
+    """``pending()`` / ``expired()`` compare against the database server's clock (S3)."""
 
-    def expired(self, now: datetime | None = None) -> PendingDebounceQuerySet:
-        return self.filter(expires_at__lte=now or clock.to_datetime(clock.now()))
+    def pending(self) -> PendingDebounceQuerySet:
+        return self.filter(expires_at__gt=ServerNow())
+
+    def expired(self) -> PendingDebounceQuerySet:
+        return self.filter(expires_at__lte=ServerNow())
 
 
 class PendingDebounce(models.Model):

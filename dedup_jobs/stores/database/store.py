@@ -1,20 +1,24 @@
 """The database store: the ``JobLock`` model, with "must create" semantics.
 
 PostgreSQL and SQLite acquire and start in one statement (``INSERT … ON CONFLICT … DO UPDATE …
-RETURNING``) and renew a held lock in one ``UPDATE``; other backends (MySQL, MariaDB) lock the
-row in a transaction.
+RETURNING``), MariaDB in one too (``INSERT … ON DUPLICATE KEY UPDATE … RETURNING``), MySQL 8 in
+that upsert and a read of its row in one transaction, and all renew a held lock in one
+``UPDATE`` (:mod:`dedup_jobs.stores.database.statements`); other databases lock the row in a
+transaction (:mod:`dedup_jobs.stores.database.portable`). Every expiry is the database
+server's clock, in the statement that decides (:mod:`dedup_jobs.stores.database.servertime`):
+the ``now`` the callers pass is not used for locks (S3).
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections
 
-from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
@@ -26,48 +30,32 @@ from dedup_jobs.stores.base import (
     DebounceState,
     LockInfo,
     Page,
+    Renewed,
     Started,
 )
+from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
 from dedup_jobs.stores.database.flow import DatabaseFlowMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
-from dedup_jobs.stores.database.renew import DatabaseRenewMixin
+from dedup_jobs.stores.database.portable import RowLockingMixin
+from dedup_jobs.stores.database.servertime import server_later, server_now
 from dedup_jobs.stores.search import Search
 
-UPSERT_VENDORS = ("postgresql", "sqlite")
+logger = logging.getLogger("dedup_jobs")
+
 #: rows read per fetch when the admin searches
 SEARCH_CHUNK = 2000
-
-UPSERT = """
-INSERT INTO {t} ("key", task_name, ident, owner, state, acquired_at, expires_at, nonce)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-ON CONFLICT ("key") DO UPDATE SET
-  owner = CASE WHEN {cond} THEN EXCLUDED.owner ELSE {t}.owner END,
-  state = CASE WHEN {cond} THEN EXCLUDED.state ELSE {t}.state END,
-  task_name = CASE WHEN {cond} THEN EXCLUDED.task_name ELSE {t}.task_name END,
-  ident = CASE WHEN {cond} THEN EXCLUDED.ident ELSE {t}.ident END,
-  acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
-                     WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
-  expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
-  nonce = CASE WHEN {keep} AND {t}.nonce = EXCLUDED.nonce THEN {t}.nonce
-               WHEN {keep} THEN 'held-' || EXCLUDED.nonce
-               WHEN {cond} THEN EXCLUDED.nonce ELSE {t}.nonce END
-RETURNING owner, nonce
-"""
-# One statement: insert, or overwrite the row when it is free (expired) or, for a re-entrant
-# acquire / worker start, already ours ({cond}). The per-call nonce tells the outcomes apart:
-# returned as sent → taken now (row was free); "held-" + nonce → it was already ours ({keep});
-# anything else → another owner holds it, or (worker start, our owner in the row) another
-# delivery of the same message runs it: the row's nonce is that delivery's (W5, LIVE).
-FREE = "{t}.expires_at <= EXCLUDED.acquired_at"
-MINE = "({t}.owner = EXCLUDED.owner AND NOT {t}.expires_at <= EXCLUDED.acquired_at)"
-LIVE = (
-    "({t}.state = 'running' AND {t}.nonce <> EXCLUDED.nonce"
-    " AND {t}.nonce <> 'held-' || EXCLUDED.nonce)"
-)
+#: times a decision that lost a deadlock is tried (InnoDB rolled it back whole: nothing stays)
+DEADLOCK_TRIES = 5
 
 
-class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin, BaseStore):
+def _deadlock(exc: DatabaseError) -> bool:
+    """MySQL/MariaDB's ER_LOCK_DEADLOCK (1213), PostgreSQL's deadlock_detected (40P01)."""
+    cause = exc.__cause__
+    return bool(exc.args and exc.args[0] == 1213) or getattr(cause, "sqlstate", None) == "40P01"
+
+
+class DatabaseStore(DatabaseFlowMixin, RowLockingMixin, DatabaseDebounceMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:
@@ -92,67 +80,62 @@ class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin
     def using(self) -> str:
         return app_settings.DATABASE_ALIAS
 
-    def _dt(self, timestamp: float) -> Any:
-        return connections[self.using].ops.adapt_datetimefield_value(clock.db_datetime(timestamp))
+    def _dialect(self) -> str | None:
+        return sql.dialect(connections[self.using])
 
-    def _one_statement(self) -> bool:
-        """PostgreSQL, and SQLite from 3.35 (RETURNING), acquire with one upsert."""
-        connection = connections[self.using]
-        if connection.vendor == "sqlite":
-            import sqlite3
-
-            return sqlite3.sqlite_version_info >= (3, 35)
-        return connection.vendor in UPSERT_VENDORS
+    def _names(self) -> dict[str, str]:
+        return sql.names(connections[self.using], JobLock._meta.db_table)
 
     def _delete_mine(self, key: JobKey, owner: str) -> bool:
         """Compare-and-delete in one raw DELETE: QuerySet.delete() turns into
         select-then-delete-by-pk when any pre/post_delete receiver is connected, and the row
         (and its pk) may pass to a new owner in between."""
-        connection = connections[self.using]
-        table = connection.ops.quote_name(JobLock._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(f'DELETE FROM {table} WHERE "key" = %s AND owner = %s', [key.key, owner])
+        return self._delete_mine_where(key, owner, "1 = 1", [])
+
+    def _delete_mine_where(
+        self, key: JobKey, owner: str, condition: str, params: list[Any]
+    ) -> bool:
+        names = self._names()
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                "DELETE FROM {t} WHERE {k} = %s AND owner = %s AND ".format(**names) + condition,
+                [key.key, owner, *params],
+            )
             return bool(cursor.rowcount)
 
-    def _upsert(
-        self,
-        key: JobKey,
-        owner: str,
-        state: str,
-        now: float,
-        ttl: float,
-        *,
-        overwrite_mine: bool,
-        keep_acquired_if_mine: bool,
-        delivery: str | None = None,
+    def _take(
+        self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
+        keep_acquired_if_mine: bool, delivery: str | None = None,
     ) -> tuple[str, str]:
         """Returns (owner now in the row, "taken" | "held" | "live" | "other"). With a
         ``delivery`` (worker start), a row of ours running under another delivery is left as
         it is ("live")."""
+        form = self._dialect()
+        if form is None:
+            return self._locked_take(key, owner, state, ttl, overwrite_mine=overwrite_mine,
+                                     keep_acquired_if_mine=keep_acquired_if_mine,
+                                     delivery=delivery)
         connection = connections[self.using]
-        table = connection.ops.quote_name(JobLock._meta.db_table)
-        free = FREE.format(t=table)
-        mine = MINE.format(t=table)
+        names = self._names()
+        t, text = names["t"], sql.template(form)
+        free = sql.FREE[text].format(t=t)
+        mine = sql.MINE[text].format(t=t)
         if delivery is not None:
-            mine = f"({mine} AND NOT {LIVE.format(t=table)})"
+            mine = f"({mine} AND NOT {sql.LIVE[text].format(t=t)})"
         cond = f"({free} OR {mine})" if overwrite_mine else f"({free})"
         keep = mine if keep_acquired_if_mine else "(1 = 0)"
-        sql = UPSERT.format(t=table, cond=cond, keep=keep)
+        now, now_params = server_now(connection)
+        until, until_params = server_later(connection, ttl)
+        statement = sql.UPSERT[text].format(
+            columns=sql.LOCK_COLUMNS.format(**names),
+            values=sql.LOCK_VALUES.format(now=now, until=until),
+            cond=cond, keep=keep, **names,
+        )
         nonce = delivery or uuid.uuid4().hex
-        params = [
-            key.key,
-            key.task_name,
-            key.ident,
-            owner,
-            state,
-            self._dt(now),
-            self._dt(now + ttl),
-            nonce,
-        ]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            # fetchall, not fetchone: SQLite holds the write lock until RETURNING is drained.
-            ((holder, returned),) = cursor.fetchall()
+        params = [key.key, key.task_name, key.ident, owner, state, *now_params, *until_params,
+                  nonce]
+        ((holder, returned),) = sql.decide(connection, form, statement, params, names=names,
+                                           key=key.key, result=sql.LOCK_RESULT)
         outcome = (
             "taken" if returned == nonce
             else "held" if returned == f"held-{nonce}"
@@ -162,89 +145,47 @@ class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin
         return str(holder), outcome
 
     def _guard(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except IntegrityError:
-            raise
-        except DatabaseError as exc:
-            raise StoreUnavailable(self.alias, exc) from exc
+        """Run one decision; a database error is StoreUnavailable. A decision that lost a
+        deadlock (rolled back whole) is run again, unless it ran inside the caller's own
+        transaction (rolled back with it: the caller must see the error)."""
+        for attempt in range(1, DEADLOCK_TRIES + 1):
+            try:
+                return func(*args, **kwargs)
+            except IntegrityError:
+                raise
+            except DatabaseError as exc:
+                retry = (_deadlock(exc) and attempt < DEADLOCK_TRIES
+                         and not connections[self.using].in_atomic_block)
+                if not retry:
+                    raise StoreUnavailable(self.alias, exc) from exc
+                logger.debug("store %r: deadlock, deciding again (attempt %d): %s",
+                             self.alias, attempt + 1, exc)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- decisions ----------------------------------------------------------------------
 
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
     ) -> Acquired:
-        return self._guard(self._acquire, key, owner, ttl, now, reentrant)  # type: ignore[no-any-return]
-
-    def _acquire(
-        self, key: JobKey, owner: str, ttl: float, now: float, reentrant: bool
-    ) -> Acquired:
-        if self._one_statement():
-            holder, outcome = self._upsert(
-                key, owner, QUEUED, now, ttl, overwrite_mine=reentrant, keep_acquired_if_mine=False
-            )
-            return Acquired(acquired=outcome == "taken", holder=holder)
-        return self._locked_take(key, owner, QUEUED, now, ttl, reentrant=reentrant)[0]
-
-    def _locked_take(
-        self, key: JobKey, owner: str, state: str, now: float, ttl: float, *, reentrant: bool,
-        delivery: str | None = None,
-    ) -> tuple[Acquired, bool]:
-        """Portable path: create, or lock the row and overwrite it when free (or ours, unless
-        another ``delivery`` runs it: then the answer is not acquired, with ``owner`` as the
-        holder). Returns the answer and whether the row was free before."""
-        values = {
-            "task_name": key.task_name,
-            "ident": key.ident,
-            "owner": owner,
-            "state": state,
-            "acquired_at": clock.db_datetime(now),
-            "expires_at": clock.db_datetime(now + ttl),
-            "nonce": delivery or uuid.uuid4().hex,
-        }
-        for _ in range(5):
-            try:
-                with transaction.atomic(using=self.using):
-                    JobLock.objects.using(self.using).create(key=key.key, **values)
-                return Acquired(acquired=True, holder=owner), True
-            except IntegrityError:
-                pass
-            with transaction.atomic(using=self.using):
-                row = (
-                    JobLock.objects.using(self.using)
-                    .select_for_update()
-                    .filter(key=key.key)
-                    .first()
-                )
-                if row is None:
-                    continue
-                free = row.expires_at <= clock.db_datetime(now)
-                live = (delivery is not None and row.state == RUNNING
-                        and row.nonce not in (delivery, f"held-{delivery}"))
-                if free or (reentrant and row.owner == owner and not live):
-                    if not free and state == RUNNING:
-                        values["acquired_at"] = row.acquired_at
-                    JobLock.objects.using(self.using).filter(pk=row.pk).update(**values)
-                    return Acquired(acquired=True, holder=owner), free
-                return Acquired(acquired=False, holder=row.owner), False
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+        holder, outcome = self._guard(self._take, key, owner, QUEUED, ttl,
+                                      overwrite_mine=reentrant, keep_acquired_if_mine=False)
+        return Acquired(acquired=outcome == "taken", holder=holder)
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None,
     ) -> Started:
         return self._guard(  # type: ignore[no-any-return]
-            self._start, key, owner, lease, now, release, delivery or uuid.uuid4().hex)
+            self._start, key, owner, lease, release, delivery or uuid.uuid4().hex)
 
     def _start(
-        self, key: JobKey, owner: str, lease: float, now: float, release: bool, delivery: str
+        self, key: JobKey, owner: str, lease: float, release: bool, delivery: str
     ) -> Started:
-        rows = JobLock.objects.using(self.using)
         if release:
             if self._delete_mine(key, owner):
                 return Started(run=True, holder=None, released=True)
             holder = (
-                rows.held(clock.db_datetime(now))
+                JobLock.objects.using(self.using).held()
                 .filter(key=key.key)
                 .values_list("owner", flat=True)
                 .first()
@@ -252,22 +193,63 @@ class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin
             if holder is not None and holder != owner:
                 return Started(run=False, holder=holder)
             return Started(run=True, holder=None)
-        if self._one_statement():
-            holder, outcome = self._upsert(
-                key, owner, RUNNING, now, lease, overwrite_mine=True, keep_acquired_if_mine=True,
-                delivery=delivery,
-            )
-            if outcome in ("other", "live"):
-                return Started(run=False, holder=holder, live=outcome == "live")
-            return Started(run=True, holder=None, took=outcome == "taken")
-        answer, was_free = self._locked_take(
-            key, owner, RUNNING, now, lease, reentrant=True, delivery=delivery)
-        if not answer.acquired:
-            return Started(run=False, holder=answer.holder, live=answer.holder == owner)
-        return Started(run=True, holder=None, took=was_free)
+        holder, outcome = self._take(key, owner, RUNNING, lease, overwrite_mine=True,
+                                     keep_acquired_if_mine=True, delivery=delivery)
+        if outcome in ("other", "live"):
+            return Started(run=False, holder=holder, live=outcome == "live")
+        return Started(run=True, holder=None, took=outcome == "taken")
 
     def release(self, key: JobKey, owner: str) -> bool:
         return self._guard(self._delete_mine, key, owner)  # type: ignore[no-any-return]
+
+    def renew(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
+    ) -> Renewed:
+        nonce = f"held-{delivery}" if delivery else uuid.uuid4().hex
+        form = self._dialect()
+        if form is None:
+            return self._guard(self._locked_renew, key, owner, ttl, nonce)  # type: ignore[no-any-return]
+        return self._guard(self._renew, key, owner, ttl, nonce, form)  # type: ignore[no-any-return]
+
+    def _renew(self, key: JobKey, owner: str, ttl: float, nonce: str, form: str) -> Renewed:
+        """Extend the caller's row (one UPDATE, the usual case); if it is not held by the
+        caller, take it if free (one upsert); else name the holder (the upsert's row on
+        MariaDB and MySQL, one SELECT on PostgreSQL and SQLite). Each statement is atomic; a
+        row that changed hands in between is decided again."""
+        connection = connections[self.using]
+        names = self._names()
+        now, now_params = server_now(connection)
+        until, until_params = server_later(connection, ttl)
+        extend = sql.EXTEND.format(now=now, until=until, **names)
+        text = sql.template(form)
+        take = sql.TAKE_FREE[text].format(
+            columns=sql.LOCK_COLUMNS.format(**names),
+            values=sql.LOCK_VALUES.format(now=now, until=until),
+            free=sql.FREE[text].format(t=names["t"]), **names,
+        )
+        held = "SELECT owner FROM {t} WHERE {k} = %s AND expires_at > {now}".format(
+            now=now, **names)
+        with connection.cursor() as cursor:
+            for _ in range(5):
+                cursor.execute(extend, [*until_params, *until_params, key.key, owner,
+                                        *now_params])
+                if cursor.rowcount:
+                    return Renewed(held=True)
+                rows = sql.decide(connection, form, take, [
+                    key.key, key.task_name, key.ident, owner, RUNNING, *now_params,
+                    *until_params, nonce,
+                ], names=names, key=key.key, result=sql.LOCK_RESULT)
+                if rows and tuple(rows[0]) == (owner, nonce):
+                    return Renewed(held=True, retaken=True)
+                if rows:  # ON DUPLICATE KEY: the row it left alone, held
+                    holder = rows[0][0]
+                else:
+                    cursor.execute(held, [key.key, *now_params])
+                    row = cursor.fetchone()
+                    holder = None if row is None else row[0]
+                if holder is not None and holder != owner:
+                    return Renewed(held=False, holder=str(holder))
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     # -- reading ------------------------------------------------------------------------
 
@@ -317,14 +299,14 @@ class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin
         self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
     ) -> Page[LockInfo]:
         """A count and a slice of the held rows (two indexed queries)."""
-        rows = JobLock.objects.using(self.using).held(clock.db_datetime(now))
+        rows = JobLock.objects.using(self.using).held()
         return self._page(rows.order_by("expires_at", "pk"), self._info, offset=offset,
                           limit=limit, task_name=task_name, search=search)
 
     def debounce_page(
         self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
     ) -> Page[DebounceState]:
-        rows = PendingDebounce.objects.using(self.using).pending(clock.to_datetime(now))
+        rows = PendingDebounce.objects.using(self.using).pending()
         return self._page(rows.order_by("runs_at", "pk"), self._state, offset=offset,
                           limit=limit, task_name=task_name, search=search)
 
@@ -362,19 +344,11 @@ class DatabaseStore(DatabaseFlowMixin, DatabaseRenewMixin, DatabaseDebounceMixin
     def release_queued(self, key: JobKey, owner: str) -> bool:
         """One raw compare-and-delete (see :meth:`_delete_mine`), also refusing a running row."""
         return self._guard(  # type: ignore[no-any-return]
-            self._delete_mine_where, key, owner, "state <> %s", RUNNING)
+            self._delete_mine_where, key, owner, "state <> %s", [RUNNING])
 
     def release_expired(self, key: JobKey, owner: str, *, now: float) -> bool:
-        """Delete the row at ``key`` if ``owner`` still has it and it is still expired."""
+        """Delete the row at ``key`` if ``owner`` still has it and it is still expired (by
+        the server's clock)."""
+        now_sql, params = server_now(connections[self.using])
         return self._guard(  # type: ignore[no-any-return]
-            self._delete_mine_where, key, owner, "expires_at <= %s", self._dt(now))
-
-    def _delete_mine_where(self, key: JobKey, owner: str, condition: str, value: Any) -> bool:
-        connection = connections[self.using]
-        table = connection.ops.quote_name(JobLock._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f'DELETE FROM {table} WHERE "key" = %s AND owner = %s AND {condition}',
-                [key.key, owner, value],
-            )
-            return bool(cursor.rowcount)
+            self._delete_mine_where, key, owner, f"expires_at <= {now_sql}", params)

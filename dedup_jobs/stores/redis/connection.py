@@ -3,8 +3,9 @@ decisions, scripts loaded on NOSCRIPT, every client error turned into StoreUnava
 
 Every call is bounded (S8): the store talks to Redis through a client of its own, a copy of
 the cache's connection settings with ``socket_timeout`` and ``socket_connect_timeout`` capped
-at ``DEDUP_JOBS["STORE_TIMEOUT"]`` and redis-py's own retries off, so that neither a cache
-without a socket timeout nor redis-py's retry policy (which re-sends a command after a
+at ``DEDUP_JOBS["STORE_TIMEOUT"]`` and the client library's own retries off (redis-py or
+valkey-py, see ``adapters.py``), so that neither a cache without a socket timeout nor a
+client's retry policy (which re-sends a command after a
 timeout) can make a decision wait longer. A decision is re-sent at most once, on a connection
 error, within the same time budget: every script is idempotent (S7), so a re-sent one answers
 as the first did and changes nothing more.
@@ -21,18 +22,10 @@ from typing import Any
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores.redis import scripts
+from dedup_jobs.stores.redis.adapters import Adapter, Family, family, family_of
 
 #: connections a store keeps out of the pool between decisions (more are handed back)
 MAX_IDLE = 8
-
-
-def _keepable_pools() -> tuple[type, ...]:
-    from redis import BlockingConnectionPool, ConnectionPool
-
-    return (ConnectionPool, BlockingConnectionPool)
-
-
-_KEEPABLE_POOLS = _keepable_pools()
 
 
 def _must_reconnect(conn: Any) -> bool:
@@ -66,23 +59,6 @@ def _pack(sha: str, command: tuple[Any, ...]) -> bytes:
     return b"".join(parts)
 
 
-def _errors() -> tuple[type[BaseException], ...]:
-    from django_redis.exceptions import ConnectionInterrupted
-    from redis.exceptions import RedisError
-
-    # RedisError covers connection loss and error replies alike (READONLY after a failover,
-    # OOM, NOPERM, BUSY): the store cannot answer. NOSCRIPT is handled by _eval.
-    return (RedisError, ConnectionInterrupted)
-
-
-def _redis_errors() -> tuple[Any, Any, Any, Any]:
-    """NOSCRIPT, timeouts (the reply is late), other connection errors (the reply was lost),
-    error replies."""
-    from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
-
-    return NoScriptError, TimeoutError, ConnectionError, ResponseError
-
-
 def cache_timeout(client: Any) -> float | None:
     """The socket timeout the cache's own client reads with (None: unbounded)."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
@@ -90,25 +66,23 @@ def cache_timeout(client: Any) -> float | None:
     return float(value) if value else None
 
 
-def bounded_client(client: Any, timeout: float) -> tuple[Any, bool]:
+def bounded_client(client: Any, timeout: float, lib: Family | None = None) -> tuple[Any, bool]:
     """A client of the store's own on the cache's server and settings, every socket
-    operation capped at ``timeout`` seconds and without redis-py's retries; and whether it is
-    the store's own (to disconnect when the store is dropped). Pool kinds that route
-    connections themselves (Sentinel, cluster) keep the cache's client as it is."""
+    operation capped at ``timeout`` seconds and without the client library's retries (redis-py
+    or valkey-py: ``lib``, by default the client's own); and whether it is the store's own (to
+    disconnect when the store is dropped). Pool kinds that route connections themselves
+    (Sentinel, cluster) keep the cache's client as it is."""
+    lib = lib or family_of(client)
     pool: Any = getattr(client, "connection_pool", None)
-    if type(pool) not in _KEEPABLE_POOLS or getattr(client, "connection", None) is not None:
+    if type(pool) not in lib.pools or getattr(client, "connection", None) is not None:
         return client, False
-    from redis import Redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
     kwargs = dict(pool.connection_kwargs)
     for name in ("socket_timeout", "socket_connect_timeout"):
         kwargs[name] = min(float(kwargs.get(name) or math.inf), timeout)
-    kwargs.update(retry=Retry(NoBackoff(), 0), retry_on_error=[], retry_on_timeout=False)
+    kwargs.update(retry=lib.no_retries(), retry_on_error=[], retry_on_timeout=False)
     own = type(pool)(connection_class=pool.connection_class,
                      max_connections=pool.max_connections, **kwargs)
-    return Redis(connection_pool=own), True
+    return lib.client_class(connection_pool=own), True
 
 
 def _text(value: Any) -> str:
@@ -122,11 +96,17 @@ class RedisConnection:
     alias: str
     cache: Any
 
-    def _init_connection(self) -> None:
+    def _init_connection(self, adapter: Adapter) -> None:
         self._client: Any = None
         self._own_client = False
-        self._errors = _errors()
-        self._no_script, _timeout, self._lost, self._reply = _redis_errors()
+        self.adapter = adapter
+        self._lib = lib = family(adapter.module)
+        self._errors = adapter.errors()
+        # NOSCRIPT; other connection errors (the reply was lost: re-sent once); error
+        # replies (the server answered: the connection is fine). A timeout is neither: a
+        # late reply is never re-sent.
+        self._no_script, self._lost, self._reply = (
+            lib.no_script, lib.connection_error, lib.response_error)
         #: seconds a decision may take in all (S8): STORE_TIMEOUT, or the cache's own socket
         #: timeout when that is shorter
         self.budget = app_settings.STORE_TIMEOUT
@@ -143,12 +123,14 @@ class RedisConnection:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from django_redis import get_redis_connection
-
-            cache_client = get_redis_connection(self.alias)
+            try:
+                cache_client = self.adapter.client(self.alias, self.cache)
+            except self._errors as exc:  # a client that connects as it is made (Sentinel)
+                raise StoreUnavailable(self.alias, exc) from exc
             self.budget = min(app_settings.STORE_TIMEOUT,
                               cache_timeout(cache_client) or math.inf)
-            self._client, self._own_client = bounded_client(cache_client, self.budget)
+            self._client, self._own_client = bounded_client(cache_client, self.budget,
+                                                            self._lib)
         return self._client
 
     def deadline_ms(self) -> int:
@@ -199,15 +181,14 @@ class RedisConnection:
             try:
                 conn = self._idle.pop()
             except IndexError:
-                conn = pool.get_connection()
+                conn = self._lib.get_connection(pool)
             try:
                 conn.send_packed_command(packed)
                 left = give_up - time.monotonic()
-                if left > self.budget - 0.001:
-                    # the socket's own timeout is the budget: no settimeout() system calls
-                    reply = conn.read_response()
-                else:  # a connect or a first try took part of it
-                    reply = conn.read_response(timeout=max(0.001, left))
+                # the socket's own timeout is the budget: no settimeout() system calls,
+                # unless a connect or a first try took part of it
+                reply = self._lib.read_response(
+                    conn, None if left > self.budget - 0.001 else max(0.001, left))
             except self._reply:
                 self._put_back(pool, conn)  # the server answered: the connection is fine
                 raise
@@ -236,7 +217,7 @@ class RedisConnection:
             # connections (made in __init__) is never replaced but by the fork hook.
             pool = getattr(client, "connection_pool", None)
             keep = (
-                type(pool) in _KEEPABLE_POOLS
+                type(pool) in self._lib.pools
                 and getattr(pool, "cache", None) is None
                 and getattr(client, "connection", None) is None
             )
@@ -260,4 +241,5 @@ class RedisConnection:
             for conn in idle:
                 self._pool.release(conn)
         if self._own_client and self._client is not None:
-            self._client.connection_pool.disconnect(inuse_connections=False)
+            # positional: valkey-py's BlockingConnectionPool names the argument "_"
+            self._client.connection_pool.disconnect(False)

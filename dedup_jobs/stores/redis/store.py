@@ -9,7 +9,7 @@ from typing import Any
 from django.core.cache import caches
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
     CLAIM_RECORD_SECONDS,
@@ -27,19 +27,28 @@ from dedup_jobs.stores.base import (
     decode_call,
     new_request_id,
 )
+from dedup_jobs.stores.cache import backend_path
+from dedup_jobs.stores.redis.adapters import adapter_for
 from dedup_jobs.stores.redis.connection import RedisConnection, _text
 from dedup_jobs.stores.redis.listing import RedisListing
 
 
 class RedisStore(RedisListing, RedisConnection, BaseStore):
-    """Locks on a django-redis cache (``django_redis.cache.RedisCache``)."""
+    """Locks on a Redis-protocol cache: django-redis, Django's own RedisCache, django-valkey
+    (each reached through its adapter, ``adapters.py``)."""
 
     can_list = True
 
     def __init__(self, alias: str) -> None:
         super().__init__(alias)
         self.cache: Any = caches[alias]
-        self._init_connection()
+        adapter = adapter_for(backend_path(self.cache))
+        if adapter is None:
+            raise InvalidJobConfiguration(
+                f"dedup_jobs store {alias!r} ({backend_path(self.cache)}) is not a "
+                f"Redis-protocol cache the Redis store knows: use django-redis, Django's "
+                f"RedisCache or django-valkey.")
+        self._init_connection(adapter)
         # Settings are read once per store instance: get_store() drops its instances when
         # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
         self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")

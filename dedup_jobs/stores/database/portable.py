@@ -1,0 +1,137 @@
+"""The database store's row-locking path, for databases without a one-statement form (MySQL 8,
+which has no ``RETURNING``; SQLite before 3.35; MariaDB before 10.5; others).
+
+Each decision creates the row in a transaction of its own ("must create": ``IntegrityError``
+when it exists), or locks the existing row (``SELECT … FOR UPDATE``, read together with the
+server's clock) and decides on it. The insert never runs in the transaction that locked
+(nothing): under InnoDB's REPEATABLE READ a ``FOR UPDATE`` read of a missing key takes a gap
+lock, and two such transactions inserting the same key deadlock. A deadlock that happens all
+the same is retried by the store's guard.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import RUNNING, Renewed
+from dedup_jobs.stores.database.models import JobLock, PendingDebounce
+from dedup_jobs.stores.database.servertime import ServerNow
+
+#: attempts when the row keeps changing hands between the insert and the row lock
+ATTEMPTS = 5
+
+
+class RowLockingMixin:
+    """The row-locking half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
+
+    alias: str
+
+    @property
+    def using(self) -> str:
+        raise NotImplementedError
+
+    def _locked_take(
+        self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
+        keep_acquired_if_mine: bool, delivery: str | None = None,
+    ) -> tuple[str, str]:
+        """As the one-statement upsert: (owner now in the row, "taken" | "held" | "live" |
+        "other")."""
+        rows = JobLock.objects.using(self.using)
+        nonce = delivery or uuid.uuid4().hex
+        values: dict[str, Any] = {
+            "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": state,
+            "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
+        }
+        for _ in range(ATTEMPTS):
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(key=key.key, **values)
+                return owner, "taken"
+            except IntegrityError:
+                pass
+            with transaction.atomic(using=self.using):
+                row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
+                    key=key.key).first()
+                if row is None:
+                    continue  # released in between: create it again
+                free = row.expires_at <= row.server_now  # type: ignore[attr-defined]
+                live = (delivery is not None and row.state == RUNNING
+                        and row.nonce not in (nonce, f"held-{nonce}"))
+                mine = row.owner == owner and not free and not live
+                if not (free or (overwrite_mine and mine)):
+                    return row.owner, "live" if live and row.owner == owner else "other"
+                update = dict(values)
+                if mine and keep_acquired_if_mine:
+                    update["acquired_at"] = row.acquired_at
+                    update["nonce"] = nonce if row.nonce == nonce else f"held-{nonce}"
+                rows.filter(pk=row.pk).update(**update)
+                return owner, "taken" if update["nonce"] == nonce else "held"
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    def _locked_renew(self, key: JobKey, owner: str, ttl: float, nonce: str) -> Renewed:
+        """Extend the caller's held lock (never shorten it), take a free or expired key, or
+        report the other owner."""
+        rows = JobLock.objects.using(self.using)
+        values: dict[str, Any] = {
+            "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": RUNNING,
+            "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
+        }
+        for _ in range(ATTEMPTS):
+            with transaction.atomic(using=self.using):
+                row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
+                    key=key.key).first()
+                if row is not None:
+                    if row.expires_at <= row.server_now:  # type: ignore[attr-defined]
+                        rows.filter(pk=row.pk).update(**values)
+                        return Renewed(held=True, retaken=True)
+                    if row.owner != owner:
+                        return Renewed(held=False, holder=row.owner)
+                    rows.filter(pk=row.pk, expires_at__lt=ServerNow(ttl)).update(
+                        expires_at=ServerNow(ttl))
+                    return Renewed(held=True)
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(key=key.key, **values)
+                return Renewed(held=True, retaken=True)
+            except IntegrityError:
+                continue  # created meanwhile: decide on that row
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    def _debounce_locked(self, key: JobKey, fresh: dict[str, Any], life: float) -> tuple[str, str]:
+        """Absorb the dispatch into the locked row, start over on an expired one (by the
+        server's clock), or create the row."""
+        rows = PendingDebounce.objects.using(self.using)
+        fresh = {**fresh, "expires_at": ServerNow(life)}
+        for _ in range(ATTEMPTS):
+            with transaction.atomic(using=self.using):
+                row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
+                    key=key.key).first()
+                if row is not None:
+                    if row.expires_at <= row.server_now:  # type: ignore[attr-defined]
+                        rows.filter(pk=row.pk).update(**fresh)
+                        return fresh["message_id"], ""
+                    run_at = fresh["run_at"]
+                    rows.filter(pk=row.pk).update(
+                        superseded_id=row.latest_id,
+                        latest_id=fresh["latest_id"],
+                        payload=fresh["payload"],
+                        count=row.count + 1,
+                        last_dispatch_at=fresh["last_dispatch_at"],
+                        run_at=run_at,
+                        runs_at=run_at if row.deadline is None else min(run_at, row.deadline),
+                        expires_at=fresh["expires_at"],
+                        absorbed=f"{row.absorbed},{fresh['latest_id']}",
+                    )
+                    return row.message_id, row.latest_id
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(key=key.key, **fresh)
+                return fresh["message_id"], ""
+            except IntegrityError:
+                continue  # created meanwhile: absorb into that row
+        return fresh["message_id"], ""  # the row kept flapping: publish (fail open)

@@ -1,0 +1,247 @@
+"""Every one-statement decision of the database store, in each database's own syntax.
+
+Forms ("dialects"), by what the database has:
+
+- ``on_conflict``: PostgreSQL and SQLite (3.35+), ``INSERT … ON CONFLICT … DO UPDATE …
+  RETURNING`` and ``DELETE … RETURNING``: one statement per decision.
+- ``duplicate_key``: MariaDB (10.5+), ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING`` and
+  ``DELETE … RETURNING``: one statement per decision.
+- ``duplicate_key_read``: MySQL 8 (no ``RETURNING``), the same ``INSERT … ON DUPLICATE KEY
+  UPDATE`` and then a ``SELECT`` of the row in one transaction: the upsert decides, and keeps
+  the row locked until the read has it. A claim locks the row (``SELECT … FOR UPDATE``) and
+  deletes it.
+- None (older SQLite and MariaDB, other databases): the row-locking path of
+  :mod:`dedup_jobs.stores.database.portable`.
+
+Times: ``{now}`` and ``{until}`` are the database server's clock (and its now + the lock's ttl),
+from :mod:`dedup_jobs.stores.database.servertime`, so expiry is the server's everywhere.
+
+MySQL/MariaDB evaluate the assignments of ``ON DUPLICATE KEY UPDATE`` left to right, a later
+one seeing the columns earlier ones set (unless ``SIMULTANEOUS_ASSIGNMENT`` is on, where all
+see the old row). Each statement below orders its assignments so that both readings give the
+same row: a condition is read only from columns not yet assigned, or from columns whose new
+value keeps it true (the owner once it is the caller's, the nonce once it is the caller's).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+# -- locks ----------------------------------------------------------------------------------
+
+LOCK_COLUMNS = '({k}, task_name, ident, owner, state, acquired_at, expires_at, nonce)'
+LOCK_VALUES = "VALUES (%s, %s, %s, %s, %s, {now}, {until}, %s)"
+
+# The acquire / worker start upsert: insert, or overwrite the row when it is free (expired) or,
+# for a re-entrant acquire / worker start, already ours ({cond}). The per-call nonce tells the
+# outcomes apart: returned as sent → taken now (row was free); "held-" + nonce → it was already
+# ours ({keep}); anything else → another owner holds it, or (worker start, our owner in the row)
+# another delivery of the same message runs it: the row's nonce is that delivery's (W5, LIVE).
+UPSERT = {
+    "on_conflict": """
+INSERT INTO {t} {columns} {values}
+ON CONFLICT ({k}) DO UPDATE SET
+  owner = CASE WHEN {cond} THEN EXCLUDED.owner ELSE {t}.owner END,
+  state = CASE WHEN {cond} THEN EXCLUDED.state ELSE {t}.state END,
+  task_name = CASE WHEN {cond} THEN EXCLUDED.task_name ELSE {t}.task_name END,
+  ident = CASE WHEN {cond} THEN EXCLUDED.ident ELSE {t}.ident END,
+  acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
+                     WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
+  expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
+  nonce = CASE WHEN {keep} AND {t}.nonce = EXCLUDED.nonce THEN {t}.nonce
+               WHEN {keep} THEN 'held-' || EXCLUDED.nonce
+               WHEN {cond} THEN EXCLUDED.nonce ELSE {t}.nonce END
+""",
+    # acquired_at, then nonce (both read the old row), then owner, task_name, ident, state
+    # (read {cond} with the nonce already the caller's: LIVE false), expires_at last (FREE
+    # reads it).
+    "duplicate_key": """
+INSERT INTO {t} {columns} {values}
+ON DUPLICATE KEY UPDATE
+  acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
+                     WHEN {cond} THEN VALUES(acquired_at) ELSE {t}.acquired_at END,
+  nonce = CASE WHEN {keep} AND {t}.nonce = VALUES(nonce) THEN {t}.nonce
+               WHEN {keep} THEN CONCAT('held-', VALUES(nonce))
+               WHEN {cond} THEN VALUES(nonce) ELSE {t}.nonce END,
+  owner = CASE WHEN {cond} THEN VALUES(owner) ELSE {t}.owner END,
+  task_name = CASE WHEN {cond} THEN VALUES(task_name) ELSE {t}.task_name END,
+  ident = CASE WHEN {cond} THEN VALUES(ident) ELSE {t}.ident END,
+  state = CASE WHEN {cond} THEN VALUES(state) ELSE {t}.state END,
+  expires_at = CASE WHEN {cond} THEN VALUES(expires_at) ELSE {t}.expires_at END
+""",
+}
+FREE = {
+    "on_conflict": "{t}.expires_at <= EXCLUDED.acquired_at",
+    "duplicate_key": "{t}.expires_at <= VALUES(acquired_at)",
+}
+MINE = {
+    "on_conflict": "({t}.owner = EXCLUDED.owner AND NOT {t}.expires_at <= EXCLUDED.acquired_at)",
+    "duplicate_key": "({t}.owner = VALUES(owner) AND NOT {t}.expires_at <= VALUES(acquired_at))",
+}
+LIVE = {
+    "on_conflict": (
+        "({t}.state = 'running' AND {t}.nonce <> EXCLUDED.nonce"
+        " AND {t}.nonce <> 'held-' || EXCLUDED.nonce)"
+    ),
+    "duplicate_key": (
+        "({t}.state = 'running' AND {t}.nonce <> VALUES(nonce)"
+        " AND {t}.nonce <> CONCAT('held-', VALUES(nonce)))"
+    ),
+}
+
+# The caller's own held lock: extend it, never shorten it (a held row only). Parameters: the
+# {until} ones twice, key, owner, the {now} ones.
+EXTEND = """
+UPDATE {t} SET expires_at = CASE WHEN expires_at < {until} THEN {until} ELSE expires_at END
+WHERE {k} = %s AND owner = %s AND expires_at > {now}
+"""
+
+# The lease taking a free key back (W6): insert, or overwrite an expired row; a row still held
+# is left as it is. The nonce is the running delivery's, as the worker start leaves it
+# ("held-" + nonce: the same delivery), so W5 still knows the run. ON CONFLICT returns no row
+# when it left a held row alone; ON DUPLICATE KEY always returns the row (owner, nonce).
+TAKE_FREE = {
+    "on_conflict": """
+INSERT INTO {t} {columns} {values}
+ON CONFLICT ({k}) DO UPDATE SET
+  owner = EXCLUDED.owner, state = EXCLUDED.state, task_name = EXCLUDED.task_name,
+  ident = EXCLUDED.ident, acquired_at = EXCLUDED.acquired_at,
+  expires_at = EXCLUDED.expires_at, nonce = EXCLUDED.nonce
+WHERE {t}.expires_at <= EXCLUDED.acquired_at
+""",
+    "duplicate_key": """
+INSERT INTO {t} {columns} {values}
+ON DUPLICATE KEY UPDATE
+  owner = CASE WHEN {free} THEN VALUES(owner) ELSE {t}.owner END,
+  state = CASE WHEN {free} THEN VALUES(state) ELSE {t}.state END,
+  task_name = CASE WHEN {free} THEN VALUES(task_name) ELSE {t}.task_name END,
+  ident = CASE WHEN {free} THEN VALUES(ident) ELSE {t}.ident END,
+  acquired_at = CASE WHEN {free} THEN VALUES(acquired_at) ELSE {t}.acquired_at END,
+  nonce = CASE WHEN {free} THEN VALUES(nonce) ELSE {t}.nonce END,
+  expires_at = CASE WHEN {free} THEN VALUES(expires_at) ELSE {t}.expires_at END
+""",
+}
+
+# -- debounce -------------------------------------------------------------------------------
+
+DEBOUNCE_COLUMNS = (
+    "({k}, task_name, ident, message_id, latest_id, superseded_id, payload, count,"
+    " first_dispatch_at, last_dispatch_at, run_at, deadline, runs_at, expires_at, absorbed)"
+)
+DEBOUNCE_VALUES = "VALUES (%s, %s, %s, %s, %s, '', %s, 1, %s, %s, %s, %s, %s, {until}, %s)"
+
+# One dispatch. A row that expired ({stale}, by the server's clock) is a burst whose message is
+# long gone: start over. Returns the burst's message id and the dispatch it superseded ("" when
+# it started a burst). The burst's own times (first/last dispatch, runs at, deadline) are the
+# dispatcher's, as the countdown of its message is.
+DEBOUNCE_UPSERT = {
+    "on_conflict": """
+INSERT INTO {t} {columns} {values}
+ON CONFLICT ({k}) DO UPDATE SET
+  message_id = CASE WHEN {stale} THEN EXCLUDED.message_id ELSE {t}.message_id END,
+  superseded_id = CASE WHEN {stale} THEN '' ELSE {t}.latest_id END,
+  latest_id = EXCLUDED.latest_id,
+  payload = EXCLUDED.payload,
+  count = CASE WHEN {stale} THEN 1 ELSE {t}.count + 1 END,
+  task_name = EXCLUDED.task_name,
+  ident = EXCLUDED.ident,
+  first_dispatch_at = CASE WHEN {stale} THEN EXCLUDED.first_dispatch_at
+                           ELSE {t}.first_dispatch_at END,
+  last_dispatch_at = EXCLUDED.last_dispatch_at,
+  run_at = EXCLUDED.run_at,
+  deadline = CASE WHEN {stale} THEN EXCLUDED.deadline ELSE {t}.deadline END,
+  runs_at = CASE WHEN {stale} THEN EXCLUDED.runs_at
+                 WHEN {t}.deadline IS NOT NULL AND {t}.deadline < EXCLUDED.run_at
+                 THEN {t}.deadline ELSE EXCLUDED.run_at END,
+  expires_at = EXCLUDED.expires_at,
+  absorbed = CASE WHEN {stale} THEN EXCLUDED.absorbed
+                  ELSE {t}.absorbed || ',' || EXCLUDED.absorbed END
+""",
+    # superseded_id before latest_id, runs_at before deadline, expires_at ({stale}) last.
+    "duplicate_key": """
+INSERT INTO {t} {columns} {values}
+ON DUPLICATE KEY UPDATE
+  message_id = CASE WHEN {stale} THEN VALUES(message_id) ELSE {t}.message_id END,
+  superseded_id = CASE WHEN {stale} THEN '' ELSE {t}.latest_id END,
+  count = CASE WHEN {stale} THEN 1 ELSE {t}.count + 1 END,
+  first_dispatch_at = CASE WHEN {stale} THEN VALUES(first_dispatch_at)
+                           ELSE {t}.first_dispatch_at END,
+  runs_at = CASE WHEN {stale} THEN VALUES(runs_at)
+                 WHEN {t}.deadline IS NOT NULL AND {t}.deadline < VALUES(run_at)
+                 THEN {t}.deadline ELSE VALUES(run_at) END,
+  deadline = CASE WHEN {stale} THEN VALUES(deadline) ELSE {t}.deadline END,
+  absorbed = CASE WHEN {stale} THEN VALUES(absorbed)
+                  ELSE CONCAT({t}.absorbed, ',', VALUES(absorbed)) END,
+  latest_id = VALUES(latest_id),
+  payload = VALUES(payload),
+  task_name = VALUES(task_name),
+  ident = VALUES(ident),
+  last_dispatch_at = VALUES(last_dispatch_at),
+  run_at = VALUES(run_at),
+  expires_at = VALUES(expires_at)
+""",
+}
+STALE = "{t}.expires_at <= {now}"
+
+#: the columns each decision reads back (RETURNING, or the SELECT after it)
+LOCK_RESULT = "owner, nonce"
+DEBOUNCE_RESULT = "message_id, superseded_id"
+
+# Claim a due burst of this message (due by the caller's clock, as its countdown was): the row
+# goes, its latest arguments and ids come back.
+CLAIM_DELETE = """
+DELETE FROM {t} WHERE {k} = %s AND message_id = %s AND runs_at <= %s
+RETURNING latest_id, payload, absorbed
+"""
+
+
+def dialect(connection: BaseDatabaseWrapper) -> str | None:
+    """The form of the one-statement decisions this database takes (see the module's doc)."""
+    if connection.vendor == "postgresql":
+        return "on_conflict"
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        return "on_conflict" if sqlite3.sqlite_version_info >= (3, 35) else None
+    if connection.vendor == "mysql":
+        mariadb = getattr(connection, "mysql_is_mariadb", False)
+        if mariadb and connection.mysql_version >= (10, 5):  # type: ignore[attr-defined]
+            return "duplicate_key"
+        return "duplicate_key_read"
+    return None
+
+
+#: the forms whose statements return the row they decided on (RETURNING)
+RETURNING_FORMS = ("on_conflict", "duplicate_key")
+
+
+def template(form: str) -> str:
+    """The statement texts of ``form`` (MySQL's reads back what MariaDB's returns)."""
+    return "duplicate_key" if form == "duplicate_key_read" else form
+
+
+def decide(
+    connection: BaseDatabaseWrapper, form: str, statement: str, params: list[Any], *,
+    names: dict[str, str], key: str, result: str,
+) -> list[tuple[Any, ...]]:
+    """Run one upsert and read the row it decided on: ``RETURNING result``, or (MySQL) a
+    ``SELECT result`` in the upsert's transaction, while the upsert's lock holds the row."""
+    with connection.cursor() as cursor:
+        if form in RETURNING_FORMS:
+            cursor.execute(f"{statement}RETURNING {result}", params)
+            # fetchall, not fetchone: SQLite holds the write lock until RETURNING is drained.
+            return list(cursor.fetchall())
+        with transaction.atomic(using=connection.alias):
+            cursor.execute(statement, params)
+            cursor.execute(f"SELECT {result} FROM {names['t']} WHERE {names['k']} = %s", [key])
+            return list(cursor.fetchall())
+
+
+def names(connection: BaseDatabaseWrapper, table: str) -> dict[str, str]:
+    """The quoted table and "key" column (``key`` is a reserved word in MySQL, and double
+    quotes are a string there)."""
+    quote = connection.ops.quote_name
+    return {"t": quote(table), "k": quote("key")}
