@@ -44,10 +44,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         if not isinstance(value, str) or not value:
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be a non-empty "
                                     f"string.", f"Default: {DEFAULTS[name]!r}."))
-    value = raw.get("SHOW_ARGS", True)
-    if not isinstance(value, bool):
-        errors.append(_error(3, f"DEDUP_JOBS['SHOW_ARGS'] = {value!r} must be True or False.",
-                             "Use a boolean."))
+    for name in ("SHOW_ARGS", "OBSERVE_ONLY"):
+        value = raw.get(name, DEFAULTS[name])
+        if not isinstance(value, bool):
+            errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be True or False.",
+                                 "Use a boolean."))
     return errors
 
 
@@ -221,6 +222,43 @@ def check_debounce(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return messages
 
 
+FLOW_OPTIONS = ("without_overlapping", "observe_only")
+
+
+def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """R1-R3 options each registered job really has (task_annotations or code can change
+    them after the class was validated): E009 flow-control options on a DebouncedJob, E010 a
+    bad on_duplicate, W007 without_overlapping on a UniqueJob (no effect there)."""
+    from dedup_jobs.jobs.debounced import DebouncedJob
+    from dedup_jobs.jobs.unique import ON_DUPLICATE_CHOICES, UniqueJob
+
+    messages: list[checks.CheckMessage] = []
+    for task in registered_jobs():
+        if isinstance(task, DebouncedJob):
+            for name in (*FLOW_OPTIONS, "on_duplicate"):
+                value = getattr(task, name, None)
+                if value not in (None, False):
+                    messages.append(_error(
+                        9, f"{task.name}: {name} = {value!r} has no meaning on a "
+                           f"DebouncedJob (a burst already runs once, after its last "
+                           f"dispatch).", f"Remove {name} from {task.name}, or make it a "
+                           f"UniqueUntilProcessingJob."))
+            continue
+        if not isinstance(task, UniqueJob):
+            continue
+        if task.on_duplicate not in ON_DUPLICATE_CHOICES:
+            messages.append(_error(10, f"{task.name}: on_duplicate = {task.on_duplicate!r} is "
+                                       f"not one of {ON_DUPLICATE_CHOICES!r}.",
+                                   f"Set {task.name}.on_duplicate to one of them."))
+        if task.without_overlapping and not task.release_on_start:
+            messages.append(_warning(7, f"{task.name}: without_overlapping = True on a "
+                                        f"UniqueJob changes nothing: its lock is held while "
+                                        f"it runs, so no second run can start beside it.",
+                                     "Use UniqueUntilProcessingJob for 'one queued and one "
+                                     "running', or drop the option."))
+    return messages
+
+
 def check_migrations(app_configs: Any = None, databases: Any = None,
                      **kwargs: Any) -> list[checks.CheckMessage]:
     """The database store needs the JobLock and PendingDebounce tables (with --database):
@@ -258,4 +296,5 @@ def register() -> None:
     checks.register(check_jobs, "dedup_jobs")
     checks.register(check_database_alias, "dedup_jobs")
     checks.register(check_debounce, "dedup_jobs")
+    checks.register(check_flow, "dedup_jobs")
     checks.register(check_migrations, checks.Tags.database)

@@ -29,6 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_ALIAS": "default",
     # Show job arguments in the admin (escaped and truncated).
     "SHOW_ARGS": True,
+    # R3: every job's decisions are taken and reported (signals with observed=True, logs) but
+    # nothing is dropped, deferred, replaced or raised. A job's own observe_only wins.
+    "OBSERVE_ONLY": False,
 }
 
 ON_STORE_ERROR_CHOICES = ("raise", "enqueue")
@@ -86,6 +89,10 @@ class AppSettings:
     @property
     def SHOW_ARGS(self) -> bool:
         return bool(self._get("SHOW_ARGS"))
+
+    @property
+    def OBSERVE_ONLY(self) -> bool:
+        return bool(self._get("OBSERVE_ONLY"))
 
 
 app_settings = AppSettings()

@@ -1,5 +1,6 @@
 """Signals sent by dedup_jobs. Every signal is sent with ``sender=`` the task class and
-keyword arguments only."""
+keyword arguments only, among them ``observed``: False, or True when the decision was only
+observed (observe-only mode, R3: reported, nothing dropped, deferred, replaced or raised)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,36 @@ from django.dispatch import Signal
 
 # A dispatch or a message was not run because another copy holds the lock.
 # kwargs: task_id (the skipped dispatch/message), holder_id (owner of the lock), key,
-# stage ("dispatch" or "worker").
+# stage ("dispatch" or "worker"), observed.
 unique_job_skipped = Signal()
 
 # A dispatch of a DebouncedJob was superseded by a later one of the same burst.
-# kwargs: debounce_id, superseded_id, by_id, key.
+# kwargs: debounce_id, superseded_id, by_id, key, observed.
 job_debounced = Signal()
 
-# A lock was taken. kwargs: key, owner, store (the store alias).
+# A lock was taken. kwargs: key, owner, store (the store alias), observed.
 lock_acquired = Signal()
 
 # A lock was released by its owner or an operator. kwargs: key, owner, store,
-# reason ("success", "failure", "processing", "admin" or "command").
+# reason ("success", "failure", "processing", "admin" or "command"), observed.
 lock_released = Signal()
 
 # A running job's lease found its lock held by another owner (the lock had vanished and the key
 # was taken meanwhile): the lease stops, the other owner's lock is left alone, the body runs on.
 # kwargs: key, owner (the running job's task id), store (the store alias), holder (the other
-# owner), observed (False; True only in observe-only mode, which does not exist yet).
+# owner), observed (always False: a lost lock is a fact, not a policy decision).
 # Sent from the lease's own thread (prefork, threads, solo) or, under gevent and eventlet, from
 # a green thread of the worker once the hub runs (see docs/signals.md).
 lock_lost = Signal()
+
+# A dispatch of a job with on_duplicate = "replace" took the lock over from a queued copy
+# (R1): the replaced message is revoked (its result REVOKED, naming by_id) and never runs.
+# kwargs: replaced_id (the queued copy's task id), by_id (the new dispatch), key, observed
+# (True in observe-only mode, R3: the lock passed, nothing was revoked).
+unique_job_replaced = Signal()
+
+# A message reached a worker but waits: re-published with a countdown, same task id (R2).
+# kwargs: task_id, key, reason ("overlap": another run of its key is in progress), until
+# (epoch seconds, when it is checked again), observed (True in observe-only mode, R3: it ran
+# at once instead).
+job_deferred = Signal()

@@ -46,3 +46,11 @@ def burst(item: int, dispatches: int) -> list[bool]:
 
     _barrier.wait(timeout=60)
     return [not jobs.unique_sleep.delay(item).deduplicated for _ in range(dispatches)]
+
+
+def replace_burst(item: int, value: int) -> str:
+    """R1: wait for every process, then dispatch one replacing copy; return its task id."""
+    from tests import jobs_flow
+
+    _barrier.wait(timeout=60)
+    return str(jobs_flow.replace_latest.delay(item, value=value).id)

@@ -103,3 +103,6 @@ def _register_class_jobs() -> None:
 
 
 _register_class_jobs()
+
+
+from tests import jobs_flow  # noqa: E402, F401 - the flow-control jobs (R1-R3), for workers

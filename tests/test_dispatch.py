@@ -53,7 +53,8 @@ def test_first_dispatch_takes_the_lock_and_publishes(app: Any, store_name: str) 
     assert queued(app) == 1
     [(sender, kwargs)] = acquired.calls
     assert sender is type(jobs.unique_sleep._get_current_object())
-    assert kwargs == {"key": lock.key, "owner": result.id, "store": settings.DEDUP_JOBS["STORE"]}
+    assert kwargs == {"key": lock.key, "owner": result.id, "store": settings.DEDUP_JOBS["STORE"],
+                      "observed": False}  # R3: every signal carries observed
 
 
 def test_duplicate_dispatch_publishes_nothing(app: Any, store_name: str) -> None:

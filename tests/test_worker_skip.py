@@ -47,6 +47,7 @@ def test_worker_skip_sends_unique_job_skipped(app: Any) -> None:
             "holder_id": holder.id,
             "key": jg.guard_gated.job_key((t, 1), {}).key,
             "stage": "worker",
+            "observed": False,  # R3: every signal carries observed
         }
     ]
     assert jg.runs(t) == ["1"]

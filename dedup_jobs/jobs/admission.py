@@ -7,17 +7,24 @@
   ``REVOKED`` (``SUCCESS``/``None`` inside a group or chord), later chain links too;
 - **put off**: another delivery of this very message is running (W5): published again with a
   countdown, same task id, the result untouched;
+- **deferred** (R2, ``without_overlapping``): another run of its key is in progress: published
+  again with a countdown, same task id, keeping its lock (``job_deferred``);
+- **replaced** (R1): its result is already REVOKED by the dispatch that took its lock over:
+  the body never runs and the result is left as it is;
+- **observed** (R3, observe-only): every decision above is taken and reported
+  (``observed=True``, a log line), then the message runs as a plain task would;
 - **dropped**: a copy the broker redelivered after the first run finished (W5);
 - **run unchecked**: no key can be computed, or the store cannot answer (W4).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
-from celery.states import READY_STATES
+from celery.states import READY_STATES, REVOKED
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
@@ -25,8 +32,8 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, notify
 from dedup_jobs.jobs.chains import revoke_links
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
-from dedup_jobs.stores.base import BaseStore, new_request_id
+from dedup_jobs.signals import job_deferred, lock_acquired, lock_released, unique_job_skipped
+from dedup_jobs.stores.base import BaseStore, Started, new_request_id, running_key
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob
@@ -34,6 +41,11 @@ if TYPE_CHECKING:
 #: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
 #: carries on that the broker had marked the copy redelivered
 REDELIVERED = "redelivered"
+#: dedup header of a duplicate published in observe-only mode (R3): the holder it would have
+#: been deduplicated onto; the dispatch reported it, the worker runs it without a check
+OBSERVED = "observed"
+#: dedup header: how many times the message was deferred for an overlapping run (R2)
+DEFERRED = "deferred"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +59,7 @@ class Admitted:
     alias: str = ""
     checked: bool = True  # False: the store could not answer (W4), run and release after
     delivery: str | None = None  # this delivery's nonce (W5), kept by the lease (W6)
+    marker: JobKey | None = None  # R2: the running marker this run holds (leased, released)
 
 
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
@@ -64,6 +77,14 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         logger.warning("%s[%s]: no dedup key could be computed; running unchecked.",
                        job.name, owner, exc_info=True)
         return Admitted(run=True, owner=owner)
+    observing = job.observing()
+    if observing and header is not None and header.get(OBSERVED):
+        return Admitted(run=True, owner=owner)  # R3: reported at dispatch, runs as it is
+    if job.on_duplicate == "replace" and not observing and replaced(job, owner):
+        logger.info("%s[%s]: replaced by a later dispatch (its result is REVOKED); not run.",
+                    job.name, owner)
+        revoke_rest_of_chain(job, f"task {owner} was replaced by a later dispatch")
+        raise Ignore()
     store = job.store(alias)
     redelivered = is_redelivered(request, header)
     if redelivered and finished(job, owner):
@@ -71,9 +92,15 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         logger.info("%s[%s]: redelivered copy of a finished run dropped.", job.name, owner)
         raise Ignore()
     delivery = new_request_id()
+    exclusive = job.without_overlapping and job.release_on_start
     try:
-        started = store.start(key, owner, app_settings.LEASE_SECONDS, now=clock.now(),
-                              release=job.release_on_start, delivery=delivery)
+        if exclusive:
+            started = store.start_exclusive(key, running_key(key), owner,
+                                            app_settings.LEASE_SECONDS, now=clock.now(),
+                                            delivery=delivery)
+        else:
+            started = store.start(key, owner, app_settings.LEASE_SECONDS, now=clock.now(),
+                                  release=job.release_on_start, delivery=delivery)
     except StoreUnavailable:
         logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
                        job.name, owner, alias, exc_info=True)
@@ -81,7 +108,11 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
                         checked=False)
     if started.live:
         put_off(job, args, kwargs, key, alias, redelivered)
+    if started.overlap:
+        return defer(job, args, kwargs, key, alias, store, started, header, redelivered)
     if not started.run:
+        if observing:
+            return observe_skip(job, key, str(started.holder))
         return Admitted(run=skip(job, key, str(started.holder)), owner=owner)
     if started.took:
         notify(lock_acquired, type(job), key=key.key, owner=owner, store=alias)
@@ -89,7 +120,77 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         notify(lock_released, type(job), key=key.key, owner=owner, store=alias,
                reason="processing")
     return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
-                    delivery=delivery)
+                    delivery=delivery, marker=running_key(key) if exclusive else None)
+
+
+def replaced(job: UniqueJob, task_id: str) -> bool:
+    """R1: was this message replaced? The dispatch that took its lock over marked its result
+    REVOKED before publishing its own message, so a replaced message never runs even once the
+    lock is free again. One read of the result backend (not the store), for replace jobs
+    only; without a result (``ignore_result``) the lock check alone decides."""
+    if job.ignore_result or job.request.ignore_result:
+        return False
+    try:
+        return str(job.AsyncResult(task_id).state) == REVOKED
+    except Exception:
+        logger.warning("%s[%s]: could not read the result; the lock check decides.",
+                       job.name, task_id, exc_info=True)
+        return False
+
+
+def observe_skip(job: UniqueJob, key: JobKey, holder: str) -> Admitted:
+    """R3: the message would have been skipped (W3): reported, then run unchecked (the lock
+    is another owner's: nothing of it is touched)."""
+    request = job.request
+    notify(unique_job_skipped, type(job), task_id=request.id, holder_id=holder, key=key.key,
+           stage="worker", observed=True)
+    logger.info("%s[%s]: observe-only: would have been skipped (%s is held by %s); runs.",
+                job.name, request.id, key.key, holder)
+    return Admitted(run=True, owner=str(request.id))
+
+
+def defer(
+    job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, store: BaseStore,
+    started: Started, header: dict[str, Any] | None, redelivered: bool,
+) -> Admitted:
+    """R2: another run of the key is in progress. The message waits: published again (same
+    task id, its lock kept, so later dispatches are deduplicated onto it), checked again after
+    a countdown that doubles from 0.5 s up to a third of the lease (plus jitter). The worker
+    process is not blocked. In observe-only mode (R3) it is reported and runs now."""
+    request = job.request
+    deferred = int((header or {}).get(DEFERRED) or 0)
+    countdown = min(app_settings.LEASE_SECONDS / 3, 0.5 * 2 ** deferred)
+    countdown += random.uniform(0, 0.25)
+    until = clock.now() + countdown
+    observing = job.observing()
+    notify(job_deferred, type(job), task_id=request.id, key=key.key, reason="overlap",
+           until=until, observed=observing)
+    if observing:
+        logger.info("%s[%s]: observe-only: would have waited %.1fs for the run of %s by %s; "
+                    "runs now.", job.name, request.id, countdown, key.key, started.holder)
+        try:
+            store.release(key, str(request.id))  # it runs now: its until-processing lock goes
+        except StoreUnavailable:
+            logger.warning("%s[%s]: could not release %s.", job.name, request.id, key.key,
+                           exc_info=True)
+        return Admitted(run=True, owner=str(request.id))
+    logger.info("%s[%s]: %s is running under %s; this message waits %.1fs.", job.name,
+                request.id, key.key, started.holder, countdown)
+    republish(job, args, kwargs, key, alias, countdown,
+              {REDELIVERED: redelivered, DEFERRED: deferred + 1})
+    raise Ignore()
+
+
+def republish(job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str,
+              countdown: float, extra: dict[str, Any]) -> None:
+    """Publish the message being executed again, same task id, after ``countdown``."""
+    request = job.request
+    signature = job.signature_from_request(request, args, kwargs, countdown=countdown)
+    options = dict(signature.options)
+    for name in ("task_id", "eta", "headers"):
+        options.pop(name, None)
+    job._publish(args, kwargs, str(request.id), key, alias, {**options, "countdown": countdown},
+                 extra=extra)
 
 
 def is_redelivered(request: Any, header: dict[str, Any] | None) -> bool:
@@ -127,12 +228,7 @@ def put_off(
     countdown = app_settings.LEASE_SECONDS / 3
     logger.warning("%s[%s]: another delivery of this message is running; this copy waits "
                    "%.1fs.", job.name, request.id, countdown)
-    signature = job.signature_from_request(request, args, kwargs, countdown=countdown)
-    options = dict(signature.options)
-    for name in ("task_id", "eta", "headers"):
-        options.pop(name, None)
-    job._publish(args, kwargs, str(request.id), key, alias, {**options, "countdown": countdown},
-                 extra={REDELIVERED: redelivered})
+    republish(job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered})
     raise Ignore()
 
 

@@ -50,7 +50,9 @@ def new_task_id() -> str:
 def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
     """Send one of our signals without letting a failing receiver break the lock's life
     cycle (a raising receiver between taking a lock and publishing would otherwise leave a
-    lock with nothing queued): receivers' errors are logged on the dedup_jobs logger."""
+    lock with nothing queued): receivers' errors are logged on the dedup_jobs logger. Every
+    signal carries ``observed`` (False unless the caller says so, R3)."""
+    kwargs.setdefault("observed", False)
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
         if isinstance(response, Exception):
             logger.error(

@@ -81,6 +81,13 @@ class DebouncedJob(DedupJob):
         problem = debounce_problem(cls.debounce_for, cls.max_wait)
         if problem:
             raise InvalidJobConfiguration(f"{label}: {problem}")
+        for name in ("without_overlapping", "observe_only", "on_duplicate"):
+            value = getattr(cls, name, None)
+            if value not in (None, False):
+                raise InvalidJobConfiguration(
+                    f"{label}: {name} = {value!r} is an option of the unique kinds, not of "
+                    f"a DebouncedJob (R1-R3). Remove it, or use UniqueUntilProcessingJob."
+                )
         super().validate_options()
 
     # -- dispatch -----------------------------------------------------------------------

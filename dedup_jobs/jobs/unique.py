@@ -18,15 +18,20 @@ from celery.result import AsyncResult
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs.admission import admit
+from dedup_jobs.jobs.admission import OBSERVED, admit
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import lock_acquired, lock_released, unique_job_skipped
+from dedup_jobs.signals import (
+    lock_acquired,
+    lock_released,
+    unique_job_replaced,
+    unique_job_skipped,
+)
 from dedup_jobs.stores.base import BaseStore
 
-ON_DUPLICATE_CHOICES = ("return", "raise")
+ON_DUPLICATE_CHOICES = ("return", "raise", "replace")
 
 
 def _frozen_by_canvas(options: dict[str, Any]) -> bool:
@@ -52,8 +57,14 @@ class UniqueJob(DedupJob):
     unique_on: tuple[str, ...] | None = None
     #: a CACHES alias or "database" (attribute, or a method returning it)
     unique_via: Any = None
-    #: "return" the holder's AsyncResult (with .deduplicated True), or "raise" DuplicateJob
+    #: "return" the holder's AsyncResult (with .deduplicated True), "raise" DuplicateJob, or
+    #: "replace" a queued holder (R1: it is revoked, this dispatch is published)
     on_duplicate: str = "return"
+    #: R2: no two runs of one key at once; a message meeting a run of its key waits
+    #: (UniqueUntilProcessingJob; on UniqueJob the lock held while running already does it)
+    without_overlapping: bool = False
+    #: R3: decide and report, but behave as a plain Celery task (None: DEDUP_JOBS["OBSERVE_ONLY"])
+    observe_only: bool | None = None
     #: release the lock just before run (UniqueUntilProcessingJob)
     release_on_start: ClassVar[bool] = False
     #: the worker-side request: releases the lock when a hard time limit kills the job
@@ -73,7 +84,19 @@ class UniqueJob(DedupJob):
                 f"{label}: on_duplicate = {cls.on_duplicate!r} must be one of "
                 f"{ON_DUPLICATE_CHOICES!r}."
             )
+        for name in ("without_overlapping", "observe_only"):
+            value = getattr(cls, name)
+            if not (isinstance(value, bool) or (name == "observe_only" and value is None)):
+                raise InvalidJobConfiguration(
+                    f"{label}: {name} = {value!r} must be True or False."
+                )
         super().validate_options()
+
+    def observing(self) -> bool:
+        """R3: is this job in observe-only mode (its own option, else the setting)?"""
+        if self.observe_only is not None:
+            return bool(self.observe_only)
+        return app_settings.OBSERVE_ONLY
 
     def lock_ttl(self) -> float:
         return float(self.unique_for or app_settings.DEFAULT_UNIQUE_FOR)
@@ -109,8 +132,12 @@ class UniqueJob(DedupJob):
             # retry (self.retry(throw=False) returns normally; the same id carries on).
             self.request.update(dedup_handed_over=True)
             return self._publish(args, kwargs, task_id, key, alias, options)
+        replace = self.on_duplicate == "replace"
         try:
-            answer = store.acquire(key, task_id, ttl, now=now)
+            if replace:
+                answer = store.take_over(key, task_id, ttl, now=now)
+            else:
+                answer = store.acquire(key, task_id, ttl, now=now)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
                 # S7: the acquire may have reached the store (a lost reply): undo it.
@@ -131,6 +158,8 @@ class UniqueJob(DedupJob):
         # re-sent it after a lost reply): the lock is ours, publish.
         if not answer.acquired and not (generated and answer.holder == task_id):
             return self._duplicate(key, alias, answer.holder, task_id, args, kwargs, options)
+        if answer.replaced:
+            self._replaced(key, answer.replaced, task_id)
         try:
             result = self._publish(args, kwargs, task_id, key, alias, options)
         except BaseException:
@@ -172,6 +201,30 @@ class UniqueJob(DedupJob):
                 "%s[%s]: could not refresh the lock for a retry", self.name, owner, exc_info=True
             )
 
+    def _replaced(self, key: JobKey, replaced: str, task_id: str) -> None:
+        """R1: the lock passed from the queued ``replaced`` to ``task_id``. Its result is
+        REVOKED at once and a revoke is sent; the worker-side check alone keeps it from
+        running (the lock is no longer its own, its result already REVOKED)."""
+        observed = self.observing()
+        notify(unique_job_replaced, type(self), replaced_id=replaced, by_id=task_id,
+               key=key.key, observed=observed)
+        if observed:
+            logger.info("%s[%s]: observe-only: would have replaced the queued %s (%s); both "
+                        "run.", self.name, task_id, replaced, key.key)
+            return
+        logger.info("%s[%s] replaces the queued %s (%s).", self.name, task_id, replaced,
+                    key.key)
+        if not self.ignore_result:
+            self.backend.mark_as_revoked(
+                replaced, reason=f"replaced by task {task_id} (on_duplicate='replace', lock "
+                                 f"{key.key})")
+        try:
+            self.app.control.revoke(replaced)
+        except Exception:
+            logger.warning("%s[%s]: could not send the revoke of the replaced %s; the "
+                           "worker-side check skips it.", self.name, task_id, replaced,
+                           exc_info=True)
+
     def _duplicate(
         self,
         key: JobKey,
@@ -189,7 +242,19 @@ class UniqueJob(DedupJob):
             holder_id=holder,
             key=key.key,
             stage="dispatch",
+            observed=self.observing(),
         )
+        if self.observing():
+            # R3: reported, then published as a plain task would be; the worker runs it
+            # without reporting it again (OBSERVED in its header).
+            logger.info("%s[%s]: observe-only: would have %s (%s is held by %s); published.",
+                        self.name, task_id,
+                        "raised DuplicateJob" if self.on_duplicate == "raise"
+                        else "deduplicated it", key.key, holder)
+            result = self._publish(args, kwargs, task_id, key, alias, options,
+                                   extra={OBSERVED: holder})
+            result.deduplicated = False  # type: ignore[attr-defined]
+            return result
         if self.on_duplicate == "raise":
             raise DuplicateJob(self.name, key.key, holder)
         if _frozen_by_canvas(options):
@@ -220,6 +285,9 @@ class UniqueJob(DedupJob):
                 # a no-op if it is gone or another owner's) so it does not outlive the run.
                 if not self.release_on_start:
                     self._finish(store, key, owner, alias, "success")
+        if admitted.marker is not None:
+            return self._run_marked(store, admitted.marker, owner, admitted.delivery, args,
+                                    kwargs)
         if self.release_on_start:
             return self.run(*args, **kwargs)
         lease = app_settings.LEASE_SECONDS
@@ -250,6 +318,25 @@ class UniqueJob(DedupJob):
             return result  # self.retry(throw=False): the retry message owns the lock now
         self._finish(store, key, owner, alias, "success")
         return result
+
+    def _run_marked(
+        self, store: BaseStore, marker: JobKey, owner: str, delivery: str | None, args: Any,
+        kwargs: Any,
+    ) -> Any:
+        """R2: run under the key's running marker (leased like a lock, so a killed worker
+        frees it within LEASE_SECONDS), released however the run ends, retries included
+        (the retry is a new run that must not wait for this one)."""
+        try:
+            with leases.hold(store, marker, owner, app_settings.LEASE_SECONDS,
+                             sender=type(self), delivery=delivery):
+                return self.run(*args, **kwargs)
+        finally:
+            try:
+                store.release(marker, owner)
+            except StoreUnavailable:
+                logger.warning("%s[%s]: could not release the running marker %s; it expires "
+                               "within LEASE_SECONDS.", self.name, owner, marker.key,
+                               exc_info=True)
 
     def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str) -> None:
         try:

@@ -49,6 +49,7 @@ class Acquired:
 
     acquired: bool
     holder: str  # the owner token now holding the lock (the caller's when acquired)
+    replaced: str | None = None  # R1 (take_over): the queued owner the caller took over from
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,7 @@ class Started:
     took: bool = False  # the lock was free and the caller now holds it
     released: bool = False  # release=True and the caller's lock was deleted
     live: bool = False  # W5: another delivery of the same message is running (its lease lives)
+    overlap: bool = False  # R2 (start_exclusive): another run of the key is in progress
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +107,12 @@ DUE_TOLERANCE = 0.025
 #: seconds a claimed burst's record is kept, so that a re-sent claim of the same message (a
 #: lost reply, a worker that retries the claim) gets the same answer (S7)
 CLAIM_RECORD_SECONDS = 600.0
+
+
+def running_key(key: JobKey) -> JobKey:
+    """R2: where the running marker of ``key`` lives (a suffix, so it shares the lock key's
+    hash tag on a Redis Cluster: both are passed as KEYS to one script)."""
+    return JobKey(key=f"{key.key}:run", task_name=key.task_name, ident=key.ident)
 
 
 def new_request_id() -> str:
@@ -226,6 +234,28 @@ class BaseStore(ABC):
         the task name and readable id of ``key``, for ``ttl`` seconds (``retaken``), marked
         as run by ``delivery`` (the nonce its ``start`` was given, W5). Held by another
         owner: change nothing and report it."""
+
+    # -- flow control (R1, R2) ----------------------------------------------------------
+
+    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+        """R1, atomically: free → take it (as :meth:`acquire`); held *queued* by another
+        owner → the lock passes to ``owner`` for ``ttl`` seconds and the answer names the
+        replaced owner; held *running* → not acquired, the holder reported. A re-send by the
+        same ``owner`` answers as the first did (S7)."""
+        raise NotImplementedError(f"{self!r} cannot replace a queued lock")
+
+    def start_exclusive(
+        self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
+        delivery: str | None = None,
+    ) -> Started:
+        """R2, the until-processing worker check with ``without_overlapping``, atomically:
+        the lock at ``key`` held by another owner → skip (``holder``). The running marker at
+        ``running`` held by another owner → ``overlap`` (``holder`` = the running owner),
+        ``key`` left as it is (the waiting message keeps its lock); held by ``owner`` under
+        another ``delivery`` → ``live`` (W5). Otherwise: delete ``owner``'s lock at ``key``
+        (``released``) and take the marker, running, for ``lease`` seconds (renewed and
+        released like a lock, through :meth:`renew` and :meth:`release` on ``running``)."""
+        raise NotImplementedError(f"{self!r} cannot keep runs from overlapping")
 
     @abstractmethod
     def get(self, key: JobKey) -> LockInfo | None:

@@ -51,6 +51,7 @@ from dedup_jobs.stores.base import (
     Started,
     decode_call,
 )
+from dedup_jobs.stores.cache_flow import CacheFlowMixin
 
 if TYPE_CHECKING:
     from dedup_jobs.stores.memcached import MemcachedClient
@@ -129,7 +130,7 @@ def decision(method: F) -> F:
     return cast(F, run)
 
 
-class CacheStore(BaseStore):
+class CacheStore(CacheFlowMixin, BaseStore):
     """Locks in any Django cache, as dicts: ``{"owner", "state", "acquired", "expires", ...}``."""
 
     cannot_list_reason = (

@@ -35,6 +35,7 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
+from dedup_jobs.stores.database.flow import DatabaseFlowMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
 from dedup_jobs.stores.database.servertime import server_later, server_now
@@ -54,7 +55,7 @@ def _deadlock(exc: DatabaseError) -> bool:
     return bool(exc.args and exc.args[0] == 1213) or getattr(cause, "sqlstate", None) == "40P01"
 
 
-class DatabaseStore(RowLockingMixin, DatabaseDebounceMixin, BaseStore):
+class DatabaseStore(DatabaseFlowMixin, RowLockingMixin, DatabaseDebounceMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:

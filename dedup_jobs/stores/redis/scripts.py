@@ -175,6 +175,76 @@ end
 return 0
 """
 
+# TAKE_OVER — R1 (on_duplicate = "replace"): take a free lock, or take a queued one over.
+# KEYS[1] lock key, KEYS[2] index key
+# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
+# ARGV[4] task name, ARGV[5] readable id
+# Returns "1" when taken (it was free), "R" .. replaced owner when it was held queued by
+# another owner (the lock is the caller's now; the replaced id is kept in 'replaced'),
+# "0" .. holder when held running (nothing changed), "L" .. server ms when run past the
+# deadline (nothing changed). A re-send (the lock already the caller's) answers as the first
+# did: "R" .. the id it replaced, or "1".
+TAKE_OVER = """
+local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced')
+local cur = s[1]
+if cur == ARGV[1] then
+  if s[3] and s[3] ~= '' then return 'R' .. s[3] end
+  return '1'
+end
+if cur and s[2] == 'running' then
+  return '0' .. cur
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[3])
+if deadline > 0 and now > deadline then
+  return 'L' .. now
+end
+local expires = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
+           'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'replaced', cur or '')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], expires, KEYS[1])
+if cur then return 'R' .. cur end
+return '1'
+"""
+
+# START_EXCLUSIVE — R2: the until-processing worker check of a job without_overlapping.
+# KEYS[1] lock key, KEYS[2] index key, KEYS[3] running marker ("{lock key}:run")
+# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] task name,
+# ARGV[5] readable id
+# Returns {0, holder} when another owner holds the lock (skip); {3, running owner} when
+# another run of the key is in progress (the caller waits; its lock is left as it is);
+# {2, 'live'} when the marker is the caller's under another delivery (W5); otherwise
+# deletes the caller's lock, takes the marker (a hash like a lock, state running, indexed,
+# renewed by RENEW and released by RELEASE) and returns {1, 'released'} or {1, 'free'}. A
+# re-send (same nonce, kept in the marker's 'run') answers as the first did.
+START_EXCLUSIVE = """
+local m = redis.call('HMGET', KEYS[3], 'owner', 'run', 'ans')
+if m[1] == ARGV[1] and m[2] == ARGV[3] then return {1, m[3]} end
+local cur = redis.call('HGET', KEYS[1], 'owner')
+if cur and cur ~= ARGV[1] then return {0, cur} end
+if m[1] then
+  if m[1] == ARGV[1] then return {2, 'live'} end
+  return {3, m[1]}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expires = now + tonumber(ARGV[2])
+local ans = 'free'
+if cur then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], KEYS[1])
+  ans = 'released'
+end
+redis.call('HSET', KEYS[3], 'owner', ARGV[1], 'state', 'running', 'acquired', now,
+           'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'run', ARGV[3], 'took', '1',
+           'ans', ans)
+redis.call('PEXPIRE', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[2], expires, KEYS[3])
+return {1, ans}
+"""
+
 # A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
 # task, id) beside a hash of every dispatch id of the burst ("{state key}:seen": id -> "n|the
 # id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order the ids); the

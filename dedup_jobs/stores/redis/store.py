@@ -158,6 +158,41 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
     def release_queued(self, key: JobKey, owner: str) -> bool:
         return bool(self._call("RELEASE_QUEUED", key, owner))
 
+    # -- flow control (R1, R2) ----------------------------------------------------------
+
+    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+        for _attempt in range(2):
+            answer = _text(self._call(
+                "TAKE_OVER", key, owner, _ms(ttl), self.deadline_ms(), key.task_name,
+                key.ident,
+            ))
+            if answer[0] == "1":
+                return Acquired(acquired=True, holder=owner)
+            if answer[0] == "R":
+                return Acquired(acquired=True, holder=owner, replaced=answer[1:])
+            if answer[0] == "0":
+                return Acquired(acquired=False, holder=answer[1:])
+            self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the take-over as late twice")
+
+    def start_exclusive(
+        self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
+        delivery: str | None = None,
+    ) -> Started:
+        ok, what = self._eval(
+            "START_EXCLUSIVE",
+            [self.physical(key.key), self._index_key, self.physical(running.key)],
+            (owner, _ms(lease), delivery or new_request_id(), key.task_name, key.ident),
+        )
+        what = _text(what)
+        if ok == 3:
+            return Started(run=False, holder=what, overlap=True)
+        if ok == 2:
+            return Started(run=False, holder=owner, live=True)
+        if not ok:
+            return Started(run=False, holder=what)
+        return Started(run=True, holder=None, took=True, released=what == "released")
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 

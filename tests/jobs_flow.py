@@ -1,0 +1,32 @@
+"""Jobs of the flow-control tests (R1-R3), registered through tests/jobs.py."""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from dedup_jobs import UniqueJob, UniqueUntilProcessingJob
+from tests.jobs import record
+
+
+@shared_task(base=UniqueJob, unique_for=60, name="tests.replace_latest", unique_on=("item",),
+             on_duplicate="replace")
+def replace_latest(item: int, value: int = 0) -> int:
+    record("replace_latest", (item, value))
+    return value
+
+
+@shared_task(base=UniqueUntilProcessingJob, unique_for=60, name="tests.no_overlap",
+             unique_on=("item",), without_overlapping=True)
+def no_overlap(item: int, seconds: float = 0.0, tag: int = 0) -> int:
+    start = time.time()
+    time.sleep(seconds)
+    record("no_overlap", (item, tag, start, time.time()))
+    return tag
+
+
+@shared_task(base=UniqueJob, unique_for=60, name="tests.observed", observe_only=True)
+def observed(item: int) -> int:
+    record("observed", item)
+    return item
