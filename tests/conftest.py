@@ -138,12 +138,16 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     _stores.clear()
 
 
+#: the database store on MariaDB: every store-facing test in `uv run pytest`; under the
+#: worker-based suites it is part of the slow store matrix (`uv run pytest -m matrix`)
+MARIADB = pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb")
 STORE_PARAMS = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("locmem", id="locmem"),
     pytest.param("database", id="database-sqlite"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
-    pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
+    pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
+                 id="database-mariadb"),
 ]
 #: the other Redis-protocol backends of S1 (the store-facing suites run on them too; the
 #: worker-based suites keep to STORE_PARAMS)
@@ -155,11 +159,12 @@ REDIS_FAMILY_EXTRA = [
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
 ALL_STORE_PARAMS = [
-    *STORE_PARAMS, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached"),
+    *STORE_PARAMS[:-1], MARIADB, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached"),
     pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
 ]
 #: the database store on each database the suite runs (for tests of the database store alone)
-DATABASE_STORE_PARAMS = [p for p in STORE_PARAMS if str(p.values[0]).startswith("database")]
+DATABASE_STORE_PARAMS = [
+    *(p for p in STORE_PARAMS[:-1] if str(p.values[0]).startswith("database")), MARIADB]
 
 
 def database_alias(store_name: str) -> str:

@@ -31,7 +31,8 @@ from tests.workers import process_worker, thread_worker, wait_for
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
-    pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb"),
+    pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
+                 id="database-mariadb"),
 ]
 
 

@@ -189,3 +189,22 @@ class DedupJob(DjangoTask):  # type: ignore[type-arg]
         headers = dict(options.get("headers") or {})
         headers[HEADER] = header
         return {**options, "headers": headers}
+
+
+def message_wait(options: dict[str, Any], now: float) -> float:
+    """Seconds a message waits before a worker may take it (countdown or eta)."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if eta is None:
+        return 0.0
+    if isinstance(eta, str):
+        from datetime import datetime
+
+        eta = datetime.fromisoformat(eta)
+    if eta.tzinfo is None:
+        from django.utils import timezone as dj_timezone
+
+        eta = dj_timezone.make_aware(eta, dj_timezone.get_default_timezone())
+    return max(0.0, eta.timestamp() - now)

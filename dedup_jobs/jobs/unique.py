@@ -19,14 +19,14 @@ from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.admission import OBSERVED, admit
-from dedup_jobs.jobs.base import DedupJob, logger, new_task_id, notify
+from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
+from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
     lock_released,
-    unique_job_replaced,
     unique_job_skipped,
 )
 from dedup_jobs.stores.base import BaseStore
@@ -124,7 +124,7 @@ class UniqueJob(DedupJob):
         store = self.store(alias)
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
-        ttl = self.lock_ttl() + _wait(options, now)
+        ttl = self.lock_ttl() + message_wait(options, now)
         if retrying:
             # A retry is always published; it keeps (or re-takes) its own lock for the wait.
             self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
@@ -202,28 +202,7 @@ class UniqueJob(DedupJob):
             )
 
     def _replaced(self, key: JobKey, replaced: str, task_id: str) -> None:
-        """R1: the lock passed from the queued ``replaced`` to ``task_id``. Its result is
-        REVOKED at once and a revoke is sent; the worker-side check alone keeps it from
-        running (the lock is no longer its own, its result already REVOKED)."""
-        observed = self.observing()
-        notify(unique_job_replaced, type(self), replaced_id=replaced, by_id=task_id,
-               key=key.key, observed=observed)
-        if observed:
-            logger.info("%s[%s]: observe-only: would have replaced the queued %s (%s); both "
-                        "run.", self.name, task_id, replaced, key.key)
-            return
-        logger.info("%s[%s] replaces the queued %s (%s).", self.name, task_id, replaced,
-                    key.key)
-        if not self.ignore_result:
-            self.backend.mark_as_revoked(
-                replaced, reason=f"replaced by task {task_id} (on_duplicate='replace', lock "
-                                 f"{key.key})")
-        try:
-            self.app.control.revoke(replaced)
-        except Exception:
-            logger.warning("%s[%s]: could not send the revoke of the replaced %s; the "
-                           "worker-side check skips it.", self.name, task_id, replaced,
-                           exc_info=True)
+        replaced_by(self, key, replaced, task_id)
 
     def _duplicate(
         self,
@@ -403,22 +382,3 @@ class UniqueUntilProcessingJob(UniqueJob):
     (Laravel's ``ShouldBeUniqueUntilProcessing``)."""
 
     release_on_start = True
-
-
-def _wait(options: dict[str, Any], now: float) -> float:
-    """Seconds a message waits before a worker may take it (countdown or eta)."""
-    countdown = options.get("countdown")
-    if countdown:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if eta is None:
-        return 0.0
-    if isinstance(eta, str):
-        from datetime import datetime
-
-        eta = datetime.fromisoformat(eta)
-    if eta.tzinfo is None:
-        from django.utils import timezone as dj_timezone
-
-        eta = dj_timezone.make_aware(eta, dj_timezone.get_default_timezone())
-    return max(0.0, eta.timestamp() - now)
