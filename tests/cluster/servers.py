@@ -155,8 +155,9 @@ def parse_nodes(text: str) -> list[dict[str, Any]]:
 
 @contextmanager
 def cluster(binary: str, *, kind: str, primaries: int = 3, replicas: int = 1,
-            node_timeout_ms: int = 3000) -> Iterator[Cluster]:
-    """A cluster of ``binary`` servers (redis-server or valkey-server), stopped by pid."""
+            node_timeout_ms: int = 3000, extra: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """A cluster of ``binary`` servers (redis-server or valkey-server), stopped by pid;
+    ``extra``: more server options."""
     cli = redis_cli_binary()
     with ExitStack() as stack:
         directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="dedup-cluster-"))
@@ -166,7 +167,7 @@ def cluster(binary: str, *, kind: str, primaries: int = 3, replicas: int = 1,
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", os.path.join(directory, f"nodes-{n}.conf"),
                 "--cluster-node-timeout", str(node_timeout_ms),
-                "--dir", directory, binary=binary))
+                "--dir", directory, *extra, binary=binary))
             servers[server.port] = server
         made = subprocess.run(
             [cli, "--cluster", "create", *(f"{HOST}:{port}" for port in servers),
