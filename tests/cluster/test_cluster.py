@@ -161,3 +161,38 @@ def test_the_hash_tags_cover_the_slots_evenly() -> None:
     band = 16384 // len(TAGS)
     assert [key_slot(tag) // band for tag in TAGS] == list(range(len(TAGS)))
 
+
+
+def commands_on(primaries: list[Any]) -> dict[str, int]:
+    """INFO commandstats summed over the primaries (INFO and CONFIG left out)."""
+    total: dict[str, int] = {}
+    for server in primaries:
+        for name, stats in server.client.info("commandstats").items():
+            if not name.startswith(("cmdstat_info", "cmdstat_config")):
+                total[name] = total.get(name, 0) + int(stats["calls"])
+    return total
+
+
+def test_each_decision_is_one_evalsha_on_the_cluster(store_name: str,
+                                                     any_cluster: Cluster) -> None:
+    """S1 on S5: taking 30 locks of distinct ids (spread over the primaries) and refusing 30
+    duplicates of them costs exactly 60 commands from the client, all EVALSHA (scripts loaded
+    by a first use); the rest of commandstats is what the ACQUIRE script runs inside
+    (one HGET each; TIME, HSET, PEXPIRE, ZADD for each lock taken; an index trim now and
+    then)."""
+    store = get_store(store_name)
+    keys = [build_key("unique", TASK, f"item={n}") for n in range(30)]
+    for key in keys:  # first use on each primary: NOSCRIPT, then EVAL loads the script
+        store.acquire(key, "warm", 1, now=clock.now())
+        store.release(key, "warm")
+    primaries = any_cluster.primaries()
+    for server in primaries:
+        server.client.config_resetstat()
+    for key in keys:
+        assert store.acquire(key, "a", 60, now=clock.now()).acquired
+        assert not store.acquire(key, "b", 60, now=clock.now()).acquired
+    seen = commands_on(primaries)
+    trims = seen.pop("cmdstat_zremrangebyscore", 0)
+    assert seen == {"cmdstat_evalsha": 60, "cmdstat_hget": 60, "cmdstat_time": 30,
+                    "cmdstat_hset": 30, "cmdstat_pexpire": 30, "cmdstat_zadd": 30}
+    assert trims <= 30
