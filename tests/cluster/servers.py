@@ -26,6 +26,8 @@ from tests.faults.servers import HOST, REQUIRE, RedisServer, redis_server
 
 BACKEND = "django_valkey.cluster_cache.cache.ClusterValkeyCache"
 CLIENT_CLASS = "django_valkey.cluster_cache.client.DefaultClusterClient"
+#: the highest port a cluster node may listen on (its cluster bus is the port + 10000)
+CLUSTER_BUS_OFFSET_LIMIT = 55535
 
 
 def redis_cli_binary() -> str:
@@ -167,7 +169,8 @@ def cluster(binary: str, *, kind: str, primaries: int = 3, replicas: int = 1,
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", os.path.join(directory, f"nodes-{n}.conf"),
                 "--cluster-node-timeout", str(node_timeout_ms),
-                "--dir", directory, *extra, binary=binary))
+                "--dir", directory, *extra, binary=binary,
+                highest_port=CLUSTER_BUS_OFFSET_LIMIT))
             servers[server.port] = server
         made = subprocess.run(
             [cli, "--cluster", "create", *(f"{HOST}:{port}" for port in servers),

@@ -22,7 +22,7 @@ from dedup_jobs.keys import JobKey, build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.redis.cluster import TAGS, group_of, key_slot
 from tests.cluster.servers import Cluster, cluster, redis_cli_binary
-from tests.faults.servers import HOST, redis_server_binary
+from tests.faults.servers import HOST, redis_server_binary, valkey_server_binary
 
 pytestmark = pytest.mark.matrix
 TASK = "tests.unique_sleep"
@@ -30,12 +30,14 @@ TASK = "tests.unique_sleep"
 
 @pytest.fixture
 def own_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A Redis 7 cluster for this test alone (it is resharded or loses a primary); a short
+    """A cluster for this test alone (it is resharded or loses a primary); a short
     cluster-node-timeout so that a failover takes about two seconds. Parametrised
-    indirectly: ``cluster-require-full-coverage`` ("yes", the server's default, or "no")."""
-    coverage = getattr(request, "param", "yes")
+    indirectly: ``(kind, cluster-require-full-coverage)``, kind "redis" (Redis 7) or
+    "valkey" (Valkey 8), coverage "yes" (the server's default) or "no"."""
+    kind, coverage = getattr(request, "param", ("redis", "yes"))
     extra = ("--cluster-require-full-coverage", coverage)
-    with cluster(redis_server_binary(), kind="redis", node_timeout_ms=1000,
+    binary = valkey_server_binary() if kind == "valkey" else redis_server_binary()
+    with cluster(binary, kind=kind, node_timeout_ms=1000,
                  extra=extra) as found, override_settings(
             CACHES={**settings.CACHES, "cluster": found.cache()},
             DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": "cluster", "STORE_TIMEOUT": 1.0}):
@@ -105,6 +107,8 @@ def drive(keys: list[JobKey], stop: threading.Event, log: Log) -> threading.Thre
     return thread
 
 
+@pytest.mark.parametrize("own_cluster", [("redis", "yes"), ("valkey", "yes")], indirect=True,
+                         ids=["redis-cluster", "valkey-cluster"])
 def test_slots_move_while_dispatches_run(own_cluster: Cluster) -> None:
     """S6/S5: ``redis-cli --cluster reshard`` moves 2,000 slots (about 15 hash-tag groups
     of keys) from one primary to another while four threads run lock cycles on keys of the
@@ -137,7 +141,8 @@ def test_slots_move_while_dispatches_run(own_cluster: Cluster) -> None:
     failed = [e for e in log.entries if e[2] != "ok"]
     moved_keys = [k for k in moving if own_cluster.owner_of(key_slot(TAGS[group_of(k)]))
                   .port == target.port]
-    print(f"\nS6 cluster reshard: 2000 slots {source.port} -> {target.port} in {took:.1f} s; "
+    print(f"\nS6 {own_cluster.kind} cluster reshard: 2000 slots {source.port} -> "
+          f"{target.port} in {took:.1f} s; "
           f"{len(log.entries)} lock cycles (4 decisions each), {len(during)} during the "
           f"move, {len(failed)} StoreUnavailable, {len(log.wrong)} wrong answers; slowest "
           f"cycle {max(e[1] for e in log.entries):.2f} s; {len(moved_keys)} of "
@@ -152,8 +157,9 @@ def test_slots_move_while_dispatches_run(own_cluster: Cluster) -> None:
         assert log_after.entries[0][2] == "ok" and log_after.wrong == []
 
 
-@pytest.mark.parametrize("own_cluster", ["no", "yes"], indirect=True,
-                         ids=["full-coverage-no", "full-coverage-yes"])
+@pytest.mark.parametrize(
+    "own_cluster", [("redis", "no"), ("redis", "yes"), ("valkey", "no")], indirect=True,
+    ids=["redis-full-coverage-no", "redis-full-coverage-yes", "valkey-full-coverage-no"])
 def test_a_killed_primary_fails_fast_then_its_replica_takes_over(
     own_cluster: Cluster, request: pytest.FixtureRequest,
 ) -> None:
@@ -165,7 +171,7 @@ def test_a_killed_primary_fails_fast_then_its_replica_takes_over(
     primary is marked failed until the promotion: those fail fast too, and only with
     ClusterDownError. Prints both windows and how many locks acknowledged just before the
     kill the promoted replica lost (asynchronous replication)."""
-    coverage = request.node.callspec.params["own_cluster"]
+    kind, coverage = request.node.callspec.params["own_cluster"]
     victim, *others = own_cluster.primaries()
     replica = own_cluster.replica_of(victim)
     store = get_store("cluster")
@@ -205,7 +211,7 @@ def test_a_killed_primary_fails_fast_then_its_replica_takes_over(
     others_failed = [e for e in others_after if e[2] != "ok"]
     others_window = (max(e[0] + e[1] for e in others_failed) - min(e[0] for e in others_failed)
                      if others_failed else 0.0)
-    print(f"\nS6 cluster failover (cluster-require-full-coverage {coverage}): primary "
+    print(f"\nS6 {kind} cluster failover (cluster-require-full-coverage {coverage}): primary "
           f"{victim.port} killed, replica {replica.port} now "
           f"{promoted}; its slots: {len(failed)} lock cycles StoreUnavailable, slowest "
           f"{slowest:.2f} s, window kill -> first cycle answered again {window:.2f} s; other "
@@ -223,3 +229,28 @@ def test_a_killed_primary_fails_fast_then_its_replica_takes_over(
     else:
         assert all("ClusterDownError" in e[2] for e in others_failed), others_failed[:3]
     assert all(e[1] <= 1.0 + 0.5 for e in others_after)
+
+
+def test_a_stopped_primary_fails_within_store_timeout(own_cluster: Cluster) -> None:
+    """S8/S6 on S5: a primary that stops answering without refusing connections (SIGSTOP: the
+    kernel still accepts and buffers) makes a decision on its slots StoreUnavailable within
+    STORE_TIMEOUT (1 s here; the store's cluster client waits half of it per try, tries
+    twice); a decision on another primary's slot answers meanwhile."""
+    victim, other = own_cluster.primaries()[:2]
+    store = get_store("cluster")
+    stuck, free = keys_on(own_cluster, victim, 1)[0], keys_on(own_cluster, other, 1)[0]
+    assert store.acquire(stuck, "warm", 1, now=clock.now()).acquired  # connections made
+    os.kill(victim.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.acquire(stuck, "a", 30, now=clock.now())
+        took = time.monotonic() - started
+        answered = time.monotonic()
+        assert store.acquire(free, "b", 30, now=clock.now()).acquired
+        other_took = time.monotonic() - answered
+    finally:
+        os.kill(victim.pid, signal.SIGCONT)
+    print(f"\nS8 cluster: a decision on a stopped primary's slot failed after {took:.2f} s "
+          f"(STORE_TIMEOUT 1 s); one on another primary answered in {other_took:.3f} s")
+    assert took <= 1.0 + 0.3
