@@ -228,12 +228,23 @@ FLOW_OPTIONS = ("without_overlapping", "observe_only")
 def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """R1-R3 options each registered job really has (task_annotations or code can change
     them after the class was validated): E009 flow-control options on a DebouncedJob, E010 a
-    bad on_duplicate, W007 without_overlapping on a UniqueJob (no effect there)."""
+    bad on_duplicate, E011 a without_overlapping / observe_only that is not a bool, W007
+    without_overlapping on a UniqueJob (no effect there), W008 replace without a result to
+    mark REVOKED, W009 DEDUP_JOBS["OBSERVE_ONLY"] beside DebouncedJobs (they still debounce)."""
+    from dedup_jobs.conf import app_settings
     from dedup_jobs.jobs.debounced import DebouncedJob
     from dedup_jobs.jobs.unique import ON_DUPLICATE_CHOICES, UniqueJob
 
     messages: list[checks.CheckMessage] = []
-    for task in registered_jobs():
+    jobs = registered_jobs()
+    debounced = [task.name for task in jobs if isinstance(task, DebouncedJob)]
+    if debounced and app_settings.OBSERVE_ONLY:
+        messages.append(_warning(9, f"DEDUP_JOBS['OBSERVE_ONLY'] = True does not reach "
+                                    f"{', '.join(debounced)}: observe-only mode is for the "
+                                    f"unique kinds, a DebouncedJob still merges a burst into "
+                                    f"one run.", "Roll a DebouncedJob out by dispatching it "
+                                    "as a plain task first, or accept that it debounces."))
+    for task in jobs:
         if isinstance(task, DebouncedJob):
             for name in (*FLOW_OPTIONS, "on_duplicate"):
                 value = getattr(task, name, None)
@@ -250,6 +261,19 @@ def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
             messages.append(_error(10, f"{task.name}: on_duplicate = {task.on_duplicate!r} is "
                                        f"not one of {ON_DUPLICATE_CHOICES!r}.",
                                    f"Set {task.name}.on_duplicate to one of them."))
+        for name in FLOW_OPTIONS:
+            value = getattr(task, name)
+            if not (isinstance(value, bool) or (name == "observe_only" and value is None)):
+                messages.append(_error(11, f"{task.name}: {name} = {value!r} is not True or "
+                                           f"False.", f"Set {task.name}.{name} to True or "
+                                           f"False."))
+        if task.on_duplicate == "replace" and _no_result(task):
+            messages.append(_warning(8, f"{task.name}: on_duplicate = 'replace' without a "
+                                        f"result to mark REVOKED ({_no_result(task)}): a "
+                                        f"replaced message that reaches a worker after the "
+                                        f"lock is free again runs.", "Keep a result backend "
+                                        f"and ignore_result = False on {task.name}, or use "
+                                        f"on_duplicate = 'return'."))
         if task.without_overlapping and not task.release_on_start:
             messages.append(_warning(7, f"{task.name}: without_overlapping = True on a "
                                         f"UniqueJob changes nothing: its lock is held while "
@@ -257,6 +281,17 @@ def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                                      "Use UniqueUntilProcessingJob for 'one queued and one "
                                      "running', or drop the option."))
     return messages
+
+
+def _no_result(task: Any) -> str:
+    """Why the worker cannot see that ``task``'s message was replaced (R1): "" if it can."""
+    from celery.backends.base import DisabledBackend
+
+    if task.ignore_result:
+        return "ignore_result = True"
+    if isinstance(task.backend, DisabledBackend):
+        return "no result backend is configured"
+    return ""
 
 
 def check_migrations(app_configs: Any = None, databases: Any = None,

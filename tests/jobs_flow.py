@@ -30,3 +30,12 @@ def no_overlap(item: int, seconds: float = 0.0, tag: int = 0) -> int:
 def observed(item: int) -> int:
     record("observed", item)
     return item
+
+
+@shared_task(base=UniqueUntilProcessingJob, unique_for=60, name="tests.keep_last",
+             unique_on=("item",), without_overlapping=True, on_duplicate="replace")
+def keep_last(item: int, seconds: float = 0.0, tag: int = 0) -> int:
+    start = time.time()
+    time.sleep(seconds)
+    record("keep_last", (item, tag, start, time.time()))
+    return tag

@@ -70,7 +70,10 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     25 dispatches of one key publish 1 message that runs once and releases its lock; the
     until-processing job dedups while queued and publishes a dispatch made while it runs.
     D1, D3, D4, D6: 20 debounced dispatches run once, with the last one's arguments, every
-    AsyncResult resolving to that run, with a bounded handful of messages. The printed
+    AsyncResult resolving to that run, with a bounded handful of messages. R1: of 5 prices
+    dispatched while queued, 4 are replaced (results REVOKED) and only the latest runs. R2:
+    with two workers, triggers sent during a sync wait for it (job_deferred) and run after
+    it, never beside it, the later ones deduplicated onto the waiting one. The printed
     figures agree with the database the demo wrote."""
     db = tmp_path / "demo.sqlite3"
     result = manage("demo", db=db)
@@ -97,11 +100,28 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert 1 <= published <= 3, out
     assert "all 20 dispatches' AsyncResults resolved to the one run" in debounce, out
 
+    replace = part(out, 4)
+    assert "dispatched 5, replaced 4 (4 results REVOKED), ran 1, with the latest price: " \
+        "'product 42 repriced to 13.25'; price in the database: 13.25" in replace, out
+    assert len(re.findall(r"\(unique_job_replaced\)", replace)) == 4, out
+    assert len(re.findall(r"worker started task", replace)) == 1, out
+
+    overlap = part(out, 5)
+    assert "dispatched 4, published 2, deduplicated 2, deferred " in overlap, out
+    assert "ran 2, overlapping runs 0" in overlap, out
+    assert "(job_deferred, reason 'overlap')" in overlap, out
+
     # Independent of the printout: what the jobs wrote, and no lock left behind.
     assert query(db, "SELECT index_runs FROM shop_product WHERE id = 42") == [(1,)]
     assert query(db, "SELECT confirmations_sent FROM shop_order WHERE id = 7") == [(2,)]
     assert query(db, "SELECT count(*) FROM dedup_jobs_joblock") == [(0,)]
     assert query(db, "SELECT rebuilds, last_edit FROM shop_productfeed") == [(1, 20)]
+    assert query(db, "SELECT price, reprice_runs FROM shop_product WHERE id = 42") == [
+        (13.25, 1)]
+    runs = query(db, "SELECT trigger, started_at, finished_at FROM shop_stocksync "
+                     "ORDER BY started_at")
+    assert [trigger for trigger, _s, _f in runs] == [1, 2], runs
+    assert runs[0][2] <= runs[1][1], runs  # the second sync began after the first ended
 
 
 def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
@@ -116,6 +136,7 @@ def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
     assert query(db, "SELECT index_runs FROM shop_product WHERE id = 42") == [(2,)]
     assert query(db, "SELECT confirmations_sent FROM shop_order WHERE id = 7") == [(4,)]
     assert query(db, "SELECT rebuilds, last_edit FROM shop_productfeed") == [(2, 20)]
+    assert query(db, "SELECT reprice_runs FROM shop_product WHERE id = 42") == [(2,)]
 
 
 @pytest.mark.redis

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
@@ -61,3 +62,61 @@ def test_observe_only_setting_must_be_a_boolean() -> None:
         messages = check_settings()
     assert [m.id for m in messages] == ["dedup_jobs.E003"]
     assert "'OBSERVE_ONLY'] = 'yes'" in messages[0].msg
+
+
+def test_replace_without_a_result_to_mark_is_w008(app: Any) -> None:
+    """R1 / A3: a replaced message is kept from running by its REVOKED result; with
+    ignore_result = True, or no result backend, one that reaches a worker after the lock is
+    free again runs: W008 names the job and why, and is gone with a result."""
+    from celery.backends.base import DisabledBackend
+
+    app.finalize()
+    task = jobs_flow.replace_latest
+    assert "dedup_jobs.W008" not in {m.id for m in check_flow()}
+    task.ignore_result = True
+    try:
+        ignored = [m for m in check_flow() if m.id == "dedup_jobs.W008"]
+    finally:
+        task.ignore_result = False
+    assert len(ignored) == 1
+    assert "tests.replace_latest" in ignored[0].msg and "ignore_result = True" in ignored[0].msg
+    backend = task.backend
+    task.backend = DisabledBackend(app)
+    try:
+        disabled = [m for m in check_flow() if m.id == "dedup_jobs.W008"]
+    finally:
+        task.backend = backend
+    assert len(disabled) == 1 and "no result backend is configured" in disabled[0].msg
+
+
+@pytest.mark.parametrize("option, value", [("without_overlapping", "yes"),
+                                           ("observe_only", 1)])
+def test_flow_option_changed_to_a_non_bool_is_e011(app: Any, option: str, value: Any) -> None:
+    """R2, R3 / A3: without_overlapping or observe_only set to something that is not a bool
+    after the class was validated (task_annotations, code) is E011 naming job, option and
+    value."""
+    app.finalize()
+    task = jobs_flow.no_overlap
+    original = getattr(task, option)
+    setattr(task, option, value)
+    try:
+        messages = [m for m in check_flow() if m.id == "dedup_jobs.E011"]
+    finally:
+        setattr(task, option, original)
+    assert len(messages) == 1
+    assert f"tests.no_overlap: {option} = {value!r} is not True or False." == messages[0].msg
+    assert not [m for m in check_flow() if m.id == "dedup_jobs.E011"]
+
+
+def test_observe_only_setting_beside_debounced_jobs_is_w009(app: Any) -> None:
+    """R3 / A3: DEDUP_JOBS['OBSERVE_ONLY'] puts the unique kinds in observe-only mode, not a
+    DebouncedJob, which still merges a burst into one run: W009 names the debounced jobs."""
+    from tests import jobs_debounce
+
+    app.finalize()
+    assert "dedup_jobs.W009" not in {m.id for m in check_flow()}
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "OBSERVE_ONLY": True}):
+        messages = [m for m in check_flow() if m.id == "dedup_jobs.W009"]
+    assert len(messages) == 1
+    assert jobs_debounce.debounce_record.name in messages[0].msg
+    assert jobs_flow.replace_latest.name not in messages[0].msg

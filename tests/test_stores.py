@@ -289,6 +289,28 @@ def test_second_delivery_of_a_running_message_is_live(store_name: str) -> None:
     assert third.run and third.took
 
 
+def test_redelivered_copy_of_a_run_that_just_released_is_done(family_store: str) -> None:
+    """W5: "a copy the broker marks as redelivered that arrives after the first run finished
+    is dropped" — also in the moment between the run's release and Celery storing its result
+    (the result backend cannot tell yet): the release's tombstone names the owner whose run
+    ended, and START answers a redelivered copy of that owner ``done`` without taking the key.
+    A fresh delivery of the id (not redelivered), and a copy of another owner, still run."""
+    store = get_store(family_store)
+    key = jobs.unique_sleep.job_key((1,), {})
+    assert store.start(key, "a", 30, now=clock.now(), release=False, delivery="d1").run
+    assert store.release(key, "a")
+    copy = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d2",
+                       redelivered=True)
+    assert copy.done and not copy.run, copy
+    assert store.get(key) is None  # nothing taken by the dropped copy
+    other = store.start(key, "b", 30, now=clock.now(), release=False, delivery="d3",
+                        redelivered=True)
+    assert other.run and other.took and not other.done, other
+    assert store.release(key, "b")
+    fresh = store.start(key, "a", 30, now=clock.now(), release=False, delivery="d4")
+    assert fresh.run and fresh.took and not fresh.done, fresh
+
+
 def test_redis_error_replies_are_store_unavailable(family_store: str, server_client: Any) -> None:
     """S1/S4/W4: an error reply (here WRONGTYPE; READONLY, OOM, NOPERM alike) is
     StoreUnavailable, not a raw redis-py or valkey-py exception."""

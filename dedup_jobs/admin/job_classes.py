@@ -9,6 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from dedup_jobs.admin import flow
 from dedup_jobs.admin.common import PageAdmin, duration
 from dedup_jobs.conf import app_settings
 from dedup_jobs.jobs import registry
@@ -55,6 +56,7 @@ def describe(job: DedupJob) -> dict[str, Any]:
         "max_wait": "" if unique else _seconds(getattr(job, "max_wait", None)),
         "key_fields": key_fields(job),
         "on_duplicate": getattr(job, "on_duplicate", "") if unique else "",
+        "flow": flow.option_lines(job),
         "path": f"{type(job).__module__}.{type(job).__qualname__}",
     }
 

@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from dedup_jobs import clock
+from dedup_jobs.admin import flow
 from dedup_jobs.admin.common import (
     PageAdmin,
     chosen_store,
@@ -65,9 +66,14 @@ class Selected:
         return JobKey(key=self.key, task_name=self.task_name, ident=self.ident)
 
 
-def _row(lock: LockInfo, now: float) -> dict[str, Any]:
+def _row(lock: LockInfo, now: float, jobs: dict[str, DedupJob]) -> dict[str, Any]:
+    job = jobs.get(lock.task_name)
     return {
         "lock": lock,
+        "badges": flow.badges(job),
+        # R2: the running marker of an until-processing job (its lock went as the run began)
+        "marker": lock.state == RUNNING and lock.key.endswith(":run")
+        and job is not None and flow.overlap_guarded(job),
         "value": Selected.of(lock).value,
         "acquired": when(lock.acquired_at),
         "expires": when(lock.expires_at),
@@ -173,10 +179,11 @@ class JobLockAdmin(PageAdmin):
         if (moved := redirect_to(shared)) is not None:
             return moved
         actions = self.get_action_choices(request) if page is not None else []
+        by_name = {str(job.name): job for job in jobs}
         context = self.page_context(
             request,
             "Held locks",
-            rows=[_row(lock, now) for lock in page.items] if page else [],
+            rows=[_row(lock, now, by_name) for lock in page.items] if page else [],
             action_choices=actions if len(actions) > 1 else [],
             action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
             **shared,

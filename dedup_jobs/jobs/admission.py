@@ -100,12 +100,17 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
                                             delivery=delivery)
         else:
             started = store.start(key, owner, app_settings.LEASE_SECONDS, now=clock.now(),
-                                  release=job.release_on_start, delivery=delivery)
+                                  release=job.release_on_start, delivery=delivery,
+                                  redelivered=redelivered)
     except StoreUnavailable:
         logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
                        job.name, owner, alias, exc_info=True)
         return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
                         checked=False)
+    if started.done:
+        # W5: the first delivery's run has just released the lock; its result is being stored.
+        logger.info("%s[%s]: redelivered copy of a run that just ended dropped.", job.name, owner)
+        raise Ignore()
     if started.live:
         put_off(job, args, kwargs, key, alias, redelivered)
     if started.overlap:

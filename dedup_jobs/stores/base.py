@@ -62,6 +62,7 @@ class Started:
     released: bool = False  # release=True and the caller's lock was deleted
     live: bool = False  # W5: another delivery of the same message is running (its lease lives)
     overlap: bool = False  # R2 (start_exclusive): another run of the key is in progress
+    done: bool = False  # W5: a redelivered copy whose own first run just released the lock
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,13 +213,16 @@ class BaseStore(ABC):
     @abstractmethod
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
-        delivery: str | None = None,
+        delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
         """The worker-side check before ``run``. Held by another owner: don't run. Held by
         ``owner`` or free: run, and either mark the lock running for ``lease`` seconds
         (taking it if free) or, with ``release``, delete ``owner``'s lock. ``delivery`` names
         this delivery of the message (a nonce): ``owner``'s lock already running under
-        another delivery answers ``live`` (W5) and is left as it is."""
+        another delivery answers ``live`` (W5) and is left as it is. A store that remembers
+        releases for a moment (the Redis family) answers ``done`` to a ``redelivered`` copy
+        whose own run has just released the key (W5: the window before Celery stores that
+        run's result); the others let it run, the result backend decides before."""
 
     @abstractmethod
     def release(self, key: JobKey, owner: str) -> bool:

@@ -216,7 +216,7 @@ class CacheStore(CacheFlowMixin, BaseStore):
     @decision
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
-        delivery: str | None = None,
+        delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
         delivery = delivery or uuid()
         calls = self.calls

@@ -7,15 +7,15 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import ngettext
 
-from example_project.shop.models import Invoice, Order, Product
+from example_project.shop.models import Invoice, Order, Product, StockSync
 from example_project.shop.tasks import recalculate_invoice, update_search_index
 
 
 @admin.register(Product)
 class ProductAdmin(admin.ModelAdmin):
-    list_display = ("name", "sku", "price", "indexed_at", "index_runs")
+    list_display = ("name", "sku", "price", "indexed_at", "index_runs", "reprice_runs")
     search_fields = ("name", "sku")
-    readonly_fields = ("search_document", "indexed_at", "index_runs")
+    readonly_fields = ("search_document", "indexed_at", "index_runs", "reprice_runs")
     actions = ("reindex",)
 
     def save_model(self, request: HttpRequest, obj: Product, form: Any, change: bool) -> None:
@@ -63,3 +63,11 @@ class InvoiceAdmin(admin.ModelAdmin):
         for pk in queryset.values_list("pk", flat=True):
             recalculate_invoice.delay(pk, reason="admin")
         self.message_user(request, "Recalculation queued.", messages.SUCCESS)
+
+
+@admin.register(StockSync)
+class StockSyncAdmin(admin.ModelAdmin):
+    """The runs of sync_stock (without_overlapping): their intervals never overlap."""
+
+    list_display = ("warehouse", "trigger", "started_at", "finished_at")
+    list_filter = ("warehouse",)

@@ -16,6 +16,8 @@ class Product(models.Model):
     search_document = models.TextField(blank=True, editable=False)
     indexed_at = models.DateTimeField(null=True, blank=True, editable=False)
     index_runs = models.PositiveIntegerField(default=0, editable=False)
+    # Written by the reprice_product job.
+    reprice_runs = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         ordering = ("name",)
@@ -65,3 +67,18 @@ class ProductFeed(models.Model):
 
     def __str__(self) -> str:
         return f"{self.category} feed"
+
+
+class StockSync(models.Model):
+    """One run of the sync_stock job: which trigger ran, and when (its interval)."""
+
+    warehouse = models.CharField(max_length=64)
+    trigger = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ("started_at",)
+
+    def __str__(self) -> str:
+        return f"{self.warehouse} sync for trigger {self.trigger}"

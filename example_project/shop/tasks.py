@@ -11,6 +11,12 @@
 - ``rebuild_product_feed``: ``DebouncedJob``. Every product edit asks for its category's
   feed to be rebuilt; only the last request of a burst runs, a second after the edits stop
   (and within 5 seconds of the first, however long the editing goes on).
+- ``reprice_product``: ``UniqueJob`` with ``on_duplicate = "replace"``. A price feed sends a
+  product's price several times before the worker gets to it; only the latest price matters,
+  so a new dispatch replaces the queued one (which is revoked and never runs).
+- ``sync_stock``: ``UniqueUntilProcessingJob`` with ``without_overlapping = True``. Two syncs
+  of one warehouse must never run at once, and a trigger that arrives during a sync must not be
+  lost: it waits for the running sync and runs after it (one running, at most one queued).
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ from django.utils import timezone
 
 from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
 from example_project.celery import app
-from example_project.shop.models import Invoice, Order, Product, ProductFeed
+from example_project.shop.models import Invoice, Order, Product, ProductFeed, StockSync
 
 #: Stand-ins for the slow part of each job: a search engine call, an SMTP round trip.
 INDEXING_SECONDS = 1.0
 SENDING_SECONDS = 0.3
+SYNCING_SECONDS = 1.0
 
 
 @shared_task(base=UniqueJob, unique_for=3600)
@@ -92,3 +99,26 @@ def rebuild_product_feed(category: str, edit: int = 0) -> str:
         rebuilt_at=timezone.now(), rebuilds=F("rebuilds") + 1, last_edit=edit
     )
     return f"feed {category!r} rebuilt at edit {edit}"
+
+
+@shared_task(base=UniqueJob, unique_for=600, unique_on=("product_id",), on_duplicate="replace")
+def reprice_product(product_id: int, price: str) -> str:
+    """Apply a price from the feed; a later price replaces a queued one (the latest wins)."""
+    Product.objects.filter(pk=product_id).update(
+        price=Decimal(price), reprice_runs=F("reprice_runs") + 1
+    )
+    return f"product {product_id} repriced to {price}"
+
+
+@shared_task(
+    base=UniqueUntilProcessingJob, unique_for=600, unique_on=("warehouse",),
+    without_overlapping=True,
+)
+def sync_stock(warehouse: str, trigger: int = 0) -> str:
+    """Pull a warehouse's stock levels; never two syncs of one warehouse at once."""
+    started = timezone.now()
+    time.sleep(SYNCING_SECONDS)
+    StockSync.objects.create(
+        warehouse=warehouse, trigger=trigger, started_at=started, finished_at=timezone.now()
+    )
+    return f"stock of {warehouse!r} synced (trigger {trigger})"

@@ -173,7 +173,7 @@ class DatabaseStore(DatabaseFlowMixin, RowLockingMixin, DatabaseDebounceMixin, B
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
-        delivery: str | None = None,
+        delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
         return self._guard(  # type: ignore[no-any-return]
             self._start, key, owner, lease, release, delivery or uuid.uuid4().hex)

@@ -56,10 +56,13 @@ return '1' .. ARGV[1]
 # START — the worker-side check before run.
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] release "1"/"0",
-# ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms
+# ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms, ARGV[8] redelivered "1"/"0"
 # Returns {0, holder} when another owner holds it (skip); {2, 'live'} when the lock is the
 # caller's and running under another delivery of the same message (W5: the first delivery
-# lives, its lease keeps the lock); otherwise runs and returns {1, 'released'} (release and
+# lives, its lease keeps the lock); {3, 'done'} when the caller is a redelivered copy, the key
+# is free and RELEASE's tombstone says the caller's own run just ended (W5: the copy is
+# dropped; the result backend may not hold that run's result yet, Celery stores it after the
+# body returns and the lock is released); otherwise runs and returns {1, 'released'} (release and
 # the caller held it), {1, 'free'} (release, nothing held), {1, 'taken'} (was free, now
 # running under the caller) or {1, 'held'} (caller's, now running). A re-send (same nonce)
 # answers as the first: the nonce is kept in 'run' (and 'took'); a release's answer, "released"
@@ -83,6 +86,13 @@ if ARGV[4] == '1' then
 end
 if cur and cur ~= ARGV[1] then
   return {0, cur}
+end
+if not cur and ARGV[8] == '1' then
+  local tomb = redis.call('GET', KEYS[3])
+  if tomb then
+    local bar = string.find(tomb, '|', 1, true)
+    if bar and string.sub(tomb, bar + 1) == ARGV[1] then return {3, 'done'} end
+  end
 end
 local took = not cur
 if cur then
@@ -112,7 +122,8 @@ return {1, 'held'}
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] request id, ARGV[3] tombstone ttl ms
 # Returns 1 when the caller's lock was deleted (also to a re-send of that request, by the
-# tombstone), 0 otherwise (free, or another owner's).
+# tombstone "request id|owner", which START also reads for W5), 0 otherwise (free, or another
+# owner's).
 RELEASE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -120,10 +131,10 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
   redis.call('ZREM', KEYS[2], KEYS[1])
-  redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[3], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[3])
   return 1
 end
-if redis.call('GET', KEYS[3]) == ARGV[2] then return 1 end
+if redis.call('GET', KEYS[3]) == ARGV[2] .. '|' .. ARGV[1] then return 1 end
 return 0
 """
 

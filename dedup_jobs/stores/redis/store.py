@@ -115,14 +115,17 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
-        delivery: str | None = None,
+        delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
         ok, what = self._call_with_tombstone(
             "START", key, owner, _ms(lease), delivery or new_request_id(),
             "1" if release else "0", key.task_name, key.ident, self._tombstone_ms(),
+            "1" if redelivered else "0",
         )
         if ok == 2:
             return Started(run=False, holder=owner, live=True)
+        if ok == 3:
+            return Started(run=False, holder=owner, done=True)
         if not ok:
             return Started(run=False, holder=_text(what))
         what = _text(what)

@@ -24,7 +24,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from example_project.celery import app
-from example_project.shop import tasks
+from example_project.shop import demo_flow, tasks
 from example_project.shop.demo_timeline import (
     FINISHED,
     PUBLISHED,
@@ -117,10 +117,12 @@ class Command(BaseCommand):
                 self.timeline = timeline
                 self.clear_leftovers(product, order)
                 loglevel = "INFO" if verbosity >= 2 else "ERROR"
+                # Two threads: two messages can run at once, which part 5's
+                # without_overlapping must (and does) keep apart.
                 with start_worker(
                     app,
-                    pool="solo",
-                    concurrency=1,
+                    pool="threads",
+                    concurrency=2,
                     perform_ping_check=False,
                     shutdown_timeout=10,
                     loglevel=loglevel,
@@ -130,6 +132,7 @@ class Command(BaseCommand):
                         self.part_unique(product, threads, per_thread)
                         self.part_until_processing(order)
                         self.part_debounce()
+                        demo_flow.run_parts(self, first_number=4)
                     finally:
                         # A warm shutdown through the broker: the worker stops at once
                         # instead of finishing its current 2-second broker poll.
@@ -181,7 +184,7 @@ class Command(BaseCommand):
         )
         self.say(f"  locks:  {where}")
         self.say(f"  broker: {app.conf.broker_url}, results: {app.conf.result_backend}")
-        self.say("  worker: a real Celery worker (solo pool) in a thread of this process")
+        self.say("  worker: a real Celery worker (2 threads) in a thread of this process")
         self.say("")
 
     # -- part 1: UniqueJob ----------------------------------------------------------------
