@@ -21,6 +21,7 @@ REDIS_BACKENDS = (
     "django_redis.cache.RedisCache",
     "django.core.cache.backends.redis.RedisCache",
     "django_valkey.cache.ValkeyCache",
+    "django_valkey.cluster_cache.cache.ClusterValkeyCache",
 )
 
 _stores: dict[str, BaseStore] = {}
@@ -45,6 +46,10 @@ def store_class_for(alias: str) -> type[BaseStore]:
     adapter = adapter_for(backend)
     if adapter is not None:
         problem = redis_fallback(alias, adapter.backend)
+        if problem is None and adapter.cluster:
+            from dedup_jobs.stores.redis.cluster import RedisClusterStore
+
+            return RedisClusterStore
         if problem is None:
             from dedup_jobs.stores.redis import RedisStore
 

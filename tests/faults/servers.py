@@ -52,11 +52,15 @@ end
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(highest: int = 65535) -> int:
+    """A free loopback port, at most ``highest`` (a cluster node needs port + 10000 free for
+    its cluster bus: at most 55535)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind((HOST, 0))
+            port: int = sock.getsockname()[1]
+        if port <= highest:
+            return port
 
 
 def redis_server_binary() -> str:
@@ -145,13 +149,15 @@ def valkey_server_binary() -> str:
 
 
 @contextmanager
-def redis_server(*extra: str, binary: str | None = None) -> Iterator[RedisServer]:
+def redis_server(*extra: str, binary: str | None = None,
+                 highest_port: int = 65535) -> Iterator[RedisServer]:
     """Start a private redis-server (no RDB, no AOF) on a free loopback port; stop it by pid.
-    ``binary``: another server of the protocol (``valkey-server`` takes the same options)."""
+    ``binary``: another server of the protocol (``valkey-server`` takes the same options);
+    ``highest_port``: the highest port to take (see :func:`free_port`)."""
     binary = binary or redis_server_binary()
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     for _attempt in range(3):  # the free port may be taken between bind() and redis-server
-        port = free_port()
+        port = free_port(highest_port)
         process = subprocess.Popen(
             [
                 binary,

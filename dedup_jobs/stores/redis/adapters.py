@@ -16,6 +16,8 @@ classes (every one of them is StoreUnavailable: connection refused, timeouts, ``
   tombstones next to them) that only the store reads, never ``cache.get``.
 - django-valkey (``django_valkey.cache.ValkeyCache``, any non-cluster client):
   ``django_valkey.get_valkey_connection(alias, write=True)``.
+- django-valkey's cluster cache (``ClusterValkeyCache``, S5): the store makes a cluster
+  client of its own from the cache's LOCATION (``cluster.py``); only its errors come from here.
 
 valkey-py mirrors redis-py under the ``valkey`` module; :class:`Family` holds what differs
 (class names, and two signatures the fast path of ``connection.py`` uses). Nothing here
@@ -37,6 +39,7 @@ logger = logging.getLogger("dedup_jobs")
 DJANGO_REDIS = "django_redis.cache.RedisCache"
 DJANGO_BUILTIN = "django.core.cache.backends.redis.RedisCache"
 DJANGO_VALKEY = "django_valkey.cache.ValkeyCache"
+DJANGO_VALKEY_CLUSTER = "django_valkey.cluster_cache.cache.ClusterValkeyCache"
 
 
 class Family:
@@ -107,6 +110,7 @@ class Adapter:
     backend: str  # the backend's dotted path, as in CACHES
     label: str  # its name in the admin
     module: str  # its client library: "redis" or "valkey"
+    cluster: bool = False  # a cluster cache: the store is RedisClusterStore (cluster.py)
 
     def client(self, alias: str, cache: Any) -> Any:
         """A raw client of the family on the cache's write (primary) server."""
@@ -129,10 +133,14 @@ class Adapter:
             from django_redis.exceptions import ConnectionInterrupted
 
             found.append(ConnectionInterrupted)
-        elif self.backend == DJANGO_VALKEY:
+        elif self.backend in (DJANGO_VALKEY, DJANGO_VALKEY_CLUSTER):
             from django_valkey.exceptions import ConnectionInterrupted as Interrupted
 
             found.append(Interrupted)
+        if self.cluster:  # slot not covered, no node reachable: outside ValkeyError
+            from valkey.exceptions import ValkeyClusterException
+
+            found.append(ValkeyClusterException)
         return tuple(found)
 
     def socket_timeout(self, options: dict[str, Any]) -> Any:
@@ -146,12 +154,14 @@ ADAPTERS = {
     DJANGO_REDIS: Adapter(DJANGO_REDIS, "django-redis", "redis"),
     DJANGO_BUILTIN: Adapter(DJANGO_BUILTIN, "Django's RedisCache", "redis"),
     DJANGO_VALKEY: Adapter(DJANGO_VALKEY, "django-valkey", "valkey"),
+    DJANGO_VALKEY_CLUSTER: Adapter(DJANGO_VALKEY_CLUSTER, "django-valkey cluster", "valkey",
+                                   cluster=True),
 }
 
 
 def adapter_for(backend: str) -> Adapter | None:
     """The adapter of a CACHES ``BACKEND`` path: one of ours, or a subclass of one (looked
-    up only if the path imports; a cluster cache is not one of them)."""
+    up only if the path imports)."""
     if backend in ADAPTERS:
         return ADAPTERS[backend]
     from django.utils.module_loading import import_string

@@ -71,7 +71,8 @@ def bounded_client(client: Any, timeout: float, lib: Family | None = None) -> tu
     operation capped at ``timeout`` seconds and without the client library's retries (redis-py
     or valkey-py: ``lib``, by default the client's own); and whether it is the store's own (to
     disconnect when the store is dropped). Pool kinds that route connections themselves
-    (Sentinel, cluster) keep the cache's client as it is."""
+    (Sentinel) keep the cache's client as it is; a cluster cache gets a cluster client of the
+    store's own (``cluster.py``)."""
     lib = lib or family_of(client)
     pool: Any = getattr(client, "connection_pool", None)
     if type(pool) not in lib.pools or getattr(client, "connection", None) is not None:

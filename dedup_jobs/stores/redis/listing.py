@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,11 +28,17 @@ class RedisListing:
     def physical(self, key: str) -> str:
         raise NotImplementedError
 
-    def index_key(self) -> str:
+    def place(self, key: JobKey, index: str = "unique") -> tuple[str, str]:
         raise NotImplementedError
 
-    def debounce_index_key(self) -> str:
+    def index_keys(self, index: str = "unique") -> list[str]:
         raise NotImplementedError
+
+    def logical(self, key: str) -> str:
+        """The logical key (``{KEY_PREFIX}:{kind}:{task name}:{id}``) of a key read back from
+        the store, from its ``KEY_PREFIX`` on: as it is on a single Redis (the cluster store
+        takes its hash tag out)."""
+        return key
 
     def _debounce_state(self, physical: str, fields: dict[bytes, bytes]) -> DebounceState | None:
         if not fields or b"message" not in fields:
@@ -41,7 +49,7 @@ class RedisListing:
         deadline = int(data["deadline"]) / 1000 if data.get("deadline") else None
         prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:debounce:")
         return DebounceState(
-            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            key=self.logical(physical[prefix_at:] if prefix_at >= 0 else physical),
             task_name=data.get("task", ""), ident=data.get("id", ""),
             count=int(data.get("count", "1")),
             first_dispatch_at=int(data["first"]) / 1000,
@@ -52,15 +60,18 @@ class RedisListing:
         )
 
     def get_debounce(self, key: JobKey) -> DebounceState | None:
-        physical = self.physical(key.key)
+        physical = self.place(key, "debounce")[0]
         try:
             return self._debounce_state(physical, self.client.hgetall(physical))
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 
     def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
-        """Walk the debounce index, soonest due first, ``batch_size`` per pipelined read."""
-        yield from self._walk(self.debounce_index_key(), batch_size, self._debounce_state)
+        """Walk the debounce index, soonest due first, ``batch_size`` per pipelined read (on
+        a cluster: every shard of it, merged)."""
+        walks = [self._walk(index, batch_size, self._debounce_state)
+                 for index in self.index_keys("debounce")]
+        yield from heapq.merge(*walks, key=lambda state: state.runs_at)
 
     def _walk(self, index: str, batch_size: int, parse: Any) -> Iterator[Any]:
         start = 0
@@ -87,7 +98,7 @@ class RedisListing:
         data = {_text(k): _text(v) for k, v in fields.items()}
         prefix_at = physical.find(f"{app_settings.KEY_PREFIX}:unique:")
         return LockInfo(
-            key=physical[prefix_at:] if prefix_at >= 0 else physical,
+            key=self.logical(physical[prefix_at:] if prefix_at >= 0 else physical),
             task_name=data.get("task", ""),
             ident=data.get("id", ""),
             owner=data["owner"],
@@ -98,7 +109,7 @@ class RedisListing:
         )
 
     def get(self, key: JobKey) -> LockInfo | None:
-        physical = self.physical(key.key)
+        physical = self.place(key)[0]
         try:
             return self._info(physical, self.client.hgetall(physical))
         except self._errors as exc:
@@ -107,15 +118,16 @@ class RedisListing:
     def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
         """Every held lock, ``batch_size`` index entries per ZSCAN and one pipelined read of
         their hashes. ZSCAN's cursor survives deletions, so callers may release as they go
-        (a lock may, rarely, be yielded twice while Redis rehashes the index)."""
-        index = self.index_key()
-        cursor = 0
+        (a lock may, rarely, be yielded twice while Redis rehashes the index). On a cluster,
+        one shard of the index after the other."""
         try:
-            while True:
-                cursor, entries = self.client.zscan(index, cursor, count=batch_size)
-                yield from self._read([member for member, _score in entries])
-                if cursor == 0:
-                    return
+            for index in self.index_keys("unique"):
+                cursor = 0
+                while True:
+                    cursor, entries = self.client.zscan(index, cursor, count=batch_size)
+                    yield from self._read([member for member, _score in entries])
+                    if cursor == 0:
+                        break
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 
@@ -134,40 +146,41 @@ class RedisListing:
     def lock_page(
         self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
     ) -> Page[LockInfo]:
-        return self._page(self.index_key(), "unique", self._info, offset=offset, limit=limit,
+        return self._page("unique", self._info, offset=offset, limit=limit,
                           task_name=task_name, search=search, min_score=int(now * 1000))
 
     def debounce_page(
         self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
     ) -> Page[DebounceState]:
-        return self._page(self.debounce_index_key(), "debounce", self._debounce_state,
+        return self._page("debounce", self._debounce_state,
                           offset=offset, limit=limit, task_name=task_name, search=search,
                           min_score=None)
 
-    def _page(self, index: str, kind: str, parse: Any, *, offset: int, limit: int,
+    def _page(self, kind: str, parse: Any, *, offset: int, limit: int,
               task_name: str, search: str, min_score: int | None) -> Page[Any]:
         """Without a filter: count and range of the index by score in one pipeline, then one
-        pipelined read of the page. With a job or a search: ZSCAN MATCH over the index (never
-        KEYS), in the passes of :meth:`_patterns`, each batch checked in Python against the
-        search (:mod:`dedup_jobs.stores.search`), stopping as soon as the page is full.
+        pipelined read of the page (on a cluster: each shard's count and first
+        ``offset + limit`` entries in one pipeline, merged by score, then the page). With a
+        job or a search: ZSCAN MATCH over the index (never KEYS; every shard of it), in the
+        passes of :meth:`_patterns`, each batch checked in Python against the search
+        (:mod:`dedup_jobs.stores.search`), stopping as soon as the page is full.
         ``min_score`` leaves out entries that expired (locks are scored by expiry)."""
         low: Any = "-inf" if min_score is None else min_score
         wanted = Search.of(search)
         if task_name and wanted is not None and wanted.matches(task_name, ""):
             wanted = None  # the job's name matches: so does every lock of the job
+        indexes = self.index_keys(kind)
         try:
             if not task_name and wanted is None:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.zcount(index, low, "+inf")
-                pipe.zrangebyscore(index, low, "+inf", start=offset, num=limit)
-                total, members = pipe.execute()
-                return Page(items=self._read(members, parse), total=int(total),
-                            has_more=offset + limit < int(total))
+                total, members = self._ranked(indexes, low, offset, limit)
+                return Page(items=self._read(members, parse), total=total,
+                            has_more=offset + limit < total)
             marker = f"{app_settings.KEY_PREFIX}:{kind}:"
             matches: list[tuple[bytes, float]] = []
             seen: set[bytes] = set()
             complete = True
-            for pattern in self._patterns(marker, task_name, wanted):
+            passes = itertools.product(indexes, self._patterns(marker, task_name, wanted))
+            for index, pattern in passes:
                 cursor = 0
                 while complete:
                     cursor, entries = self.client.zscan(index, cursor, match=pattern,
@@ -189,6 +202,26 @@ class RedisListing:
             raise StoreUnavailable(self.alias, exc) from exc
         return Page(items=items, total=len(matches) if complete else None,
                     has_more=len(matches) > offset + limit)
+
+    def _ranked(self, indexes: list[str], low: Any, offset: int,
+                limit: int) -> tuple[int, list[Any]]:
+        """How many entries score ``low`` or more over ``indexes``, and the members ranked
+        ``offset`` to ``offset + limit`` among them by (score, member), in one pipeline."""
+        pipe = self.client.pipeline(transaction=False)
+        for index in indexes:
+            pipe.zcount(index, low, "+inf")
+        if len(indexes) == 1:
+            pipe.zrangebyscore(indexes[0], low, "+inf", start=offset, num=limit)
+            total, members = pipe.execute()
+            return int(total), members
+        for index in indexes:
+            pipe.zrangebyscore(index, low, "+inf", start=0, num=offset + limit,
+                               withscores=True)
+        answers = pipe.execute()
+        total = sum(int(count) for count in answers[:len(indexes)])
+        merged = heapq.merge(*answers[len(indexes):], key=lambda entry: (entry[1], entry[0]))
+        return total, [member for member, _score in itertools.islice(merged, offset,
+                                                                       offset + limit)]
 
     def _patterns(self, marker: str, task_name: str, wanted: Search | None) -> list[bytes]:
         """MATCH patterns (bytes: Redis matches bytes) whose passes together return every
@@ -218,7 +251,7 @@ class RedisListing:
         found: list[tuple[bytes, float]] = []
         unsure: list[tuple[bytes, float]] = []
         for member, score in entries:
-            text = _text(member)
+            text = self.logical(_text(member))
             at = text.find(marker)
             if at < 0:
                 unsure.append((member, score))
@@ -249,7 +282,10 @@ class RedisListing:
         try:
             seconds, micros = self.client.time()  # the server's clock, as the scripts use
             now_ms = int(seconds) * 1000 + int(micros) // 1000
-            return int(self.client.zremrangebyscore(self.index_key(), "-inf", f"({now_ms}"))
+            pipe = self.client.pipeline(transaction=False)
+            for index in self.index_keys("unique"):
+                pipe.zremrangebyscore(index, "-inf", f"({now_ms}")
+            return sum(int(removed) for removed in pipe.execute())
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 

@@ -13,8 +13,9 @@ that write at dispatch (ACQUIRE, DEBOUNCE) also carry the time the caller gives 
 on the server's clock): run later than that (Redis was stalled, the reply came too late),
 they change nothing and answer "late", since the caller has already raised StoreUnavailable.
 
-On a Redis Cluster all keys of one script must share a slot: put a hash tag in the
-KEY_PREFIX (e.g. "{dedup_jobs}").
+On a Redis Cluster all keys of one script must share a slot: every key a script gets is the
+lock (or state) key, that key plus a suffix, or an index shard, and the cluster store
+(``cluster.py``) gives them one hash tag.
 """
 
 import hashlib

@@ -51,33 +51,51 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
         self._init_connection(adapter)
         # Settings are read once per store instance: get_store() drops its instances when
         # CACHES or DEDUP_JOBS change, so override_settings still takes effect.
-        self._index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:unique")
-        self._debounce_index_key = self.physical(f"{app_settings.KEY_PREFIX}:index:debounce")
+        self._indexes: dict[str, list[str]] = {}
 
     def physical(self, key: str) -> str:
         return str(self.cache.make_key(key))
 
+    # -- where keys live: the one place that builds them (the cluster store overrides) ---
+
+    def place(self, key: JobKey, index: str = "unique") -> tuple[str, str]:
+        """Where ``key`` lives: its physical key (the cache's KEY_PREFIX, VERSION and key
+        function applied) and the physical key of the index ``index`` ("unique",
+        "debounce", ...) that lists it. Every key a script touches is one of these two or
+        the physical key plus a suffix (``:rel``, ``:seen``, ...), so that on a cluster
+        (:class:`~dedup_jobs.stores.redis.cluster.RedisClusterStore`) they share a slot."""
+        return self.physical(key.key), self.index_keys(index)[0]
+
+    def index_keys(self, index: str = "unique") -> list[str]:
+        """Every physical key of the index ``index``: one on a single Redis, one per hash-tag
+        group on a cluster."""
+        found = self._indexes.get(index)
+        if found is None:
+            found = self._indexes[index] = [
+                self.physical(f"{app_settings.KEY_PREFIX}:index:{index}")]
+        return found
+
     def index_key(self) -> str:
-        return self._index_key
+        return self.index_keys("unique")[0]
 
     def debounce_index_key(self) -> str:
-        return self._debounce_index_key
+        return self.index_keys("debounce")[0]
 
     def _call(self, name: str, key: JobKey, *args: Any) -> Any:
-        return self._eval(name, [self.physical(key.key), self._index_key], args)
+        return self._eval(name, list(self.place(key)), args)
 
     def _call_with_tombstone(self, name: str, key: JobKey, *args: Any) -> Any:
-        physical = self.physical(key.key)
-        return self._eval(name, [physical, self._index_key, f"{physical}:rel"], args)
+        physical, index = self.place(key)
+        return self._eval(name, [physical, index, f"{physical}:rel"], args)
 
     def _tombstone_ms(self) -> int:
         """How long a release tombstone answers a re-send: longer than any re-send waits."""
         return _ms(2 * self.budget + 1)
 
     def _debounce_keys(self, key: JobKey) -> list[str]:
-        physical = self.physical(key.key)
-        return [physical, f"{physical}:seen", self.debounce_index_key(),
-                f"{physical}:claimed", f"{physical}:claimed:seen"]
+        physical, index = self.place(key, "debounce")
+        return [physical, f"{physical}:seen", index, f"{physical}:claimed",
+                f"{physical}:claimed:seen"]
 
     # -- decisions ----------------------------------------------------------------------
 
@@ -182,9 +200,9 @@ class RedisStore(RedisListing, RedisConnection, BaseStore):
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
         delivery: str | None = None,
     ) -> Started:
+        physical, index = self.place(key)
         ok, what = self._eval(
-            "START_EXCLUSIVE",
-            [self.physical(key.key), self._index_key, self.physical(running.key)],
+            "START_EXCLUSIVE", [physical, index, self.place(running)[0]],
             (owner, _ms(lease), delivery or new_request_id(), key.task_name, key.ident),
         )
         what = _text(what)
