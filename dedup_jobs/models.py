@@ -4,9 +4,11 @@ admin's *Job classes* page its place in the app's section (see docs/admin.md).""
 
 from django.db import models
 
+from dedup_jobs.metrics.models import DecisionCount, KeyCount, StoreError, StoreLatency
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 
-__all__ = ["JobClass", "JobLock", "PendingDebounce"]
+__all__ = ["DecisionCount", "JobClass", "JobLock", "KeyCount", "PendingDebounce",
+           "StoreError", "StoreLatency"]
 
 
 class JobClass(models.Model):
