@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from dedup_jobs import clock
+from dedup_jobs.admin import owners
 from dedup_jobs.admin.common import (
     PageAdmin,
     chosen_store,
@@ -65,14 +66,21 @@ class Selected:
         return JobKey(key=self.key, task_name=self.task_name, ident=self.ident)
 
 
-def _row(lock: LockInfo, now: float) -> dict[str, Any]:
+def _row(lock: LockInfo, now: float, owner_links: dict[str, str]) -> dict[str, Any]:
     return {
         "lock": lock,
+        "owner_short": owners.short(lock.owner),
+        "owner_url": owner_links.get(lock.owner),
         "value": Selected.of(lock).value,
         "acquired": when(lock.acquired_at),
         "expires": when(lock.expires_at),
         "expires_in": duration(None if lock.expires_at is None else lock.expires_at - now),
     }
+
+
+def _rows(locks: list[LockInfo], now: float) -> list[dict[str, Any]]:
+    owner_links = owners.links(lock.owner for lock in locks)
+    return [_row(lock, now, owner_links) for lock in locks]
 
 
 class JobLockAdmin(PageAdmin):
@@ -176,7 +184,7 @@ class JobLockAdmin(PageAdmin):
         context = self.page_context(
             request,
             "Held locks",
-            rows=[_row(lock, now) for lock in page.items] if page else [],
+            rows=_rows(page.items, now) if page else [],
             action_choices=actions if len(actions) > 1 else [],
             action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
             **shared,
