@@ -35,9 +35,8 @@ def links(task_ids: Iterable[str]) -> dict[str, str]:
         changelist = reverse(f"admin:{RESULTS_APP}_taskresult_changelist")
     except NoReverseMatch:
         return {}  # installed without its admin
-    from django_celery_results.models import TaskResult  # type: ignore[import-not-found]
-
-    found = dict(TaskResult.objects.filter(task_id__in=ids).values_list("task_id", "pk"))
+    task_result = apps.get_model(RESULTS_APP, "TaskResult")
+    found = dict(task_result._default_manager.filter(task_id__in=ids).values_list("task_id", "pk"))
     return {
         i: reverse(f"admin:{RESULTS_APP}_taskresult_change", args=[found[i]]) if i in found
         else f"{changelist}?{urlencode({'q': i})}"
