@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -67,7 +68,9 @@ def exporters() -> list[Exporter]:
                 found = []
                 for module, library in EXPORTERS:
                     if _installed(library):
-                        found.append(importlib.import_module(module).exporter())
+                        made = importlib.import_module(module).exporter()
+                        if made is not None:  # None: it observes the tally, no per-call work
+                            found.append(made)
                 _exporters = found
     return found
 
@@ -75,24 +78,32 @@ def exporters() -> list[Exporter]:
 def decision(job: str, outcome: str, key: str | None = None) -> None:
     """Count one decision of ``job`` (its task name) with ``outcome`` (one of
     :data:`OUTCOMES`); ``key`` (a lock key) for the admin's busiest keys. In-process only."""
-    if not app_settings.METRICS:
+    if not app_settings.raw.get("METRICS", True):
         return
     tally.decision(job, outcome, key)
     for exporter in _exporters if _exporters is not None else exporters():
         exporter.decision(job, outcome)
-    _started()
+    if _flusher is None:
+        _start_flusher()
+    elif _flusher._pid != os.getpid():
+        _flusher.ensure()
 
 
 def store_call(alias: str, call: str, seconds: float, error: str | None = None) -> None:
     """Count one store call of ``seconds`` (``error``: it raised StoreUnavailable)."""
-    tally.store_call(alias, seconds, error)
+    tally.store_call(alias, call, seconds, error)
     for exporter in _exporters if _exporters is not None else exporters():
         exporter.store_call(alias, call, seconds)
 
 
-def _started() -> None:
+_flusher: Any = None
+
+
+def _start_flusher() -> None:
+    global _flusher
     from dedup_jobs.metrics.history import flusher
 
+    _flusher = flusher
     flusher.ensure()
 
 
@@ -112,7 +123,7 @@ def timed(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_timing, "busy", False) or not app_settings.METRICS:
+        if getattr(_timing, "busy", False) or not app_settings.raw.get("METRICS", True):
             return method(self, key, *args, **kwargs)
         _timing.busy = True
         started = time.perf_counter()

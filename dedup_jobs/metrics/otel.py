@@ -1,47 +1,70 @@
-"""The OpenTelemetry exporter (``pip install dedup-jobs[otel]``): through the OpenTelemetry
-metrics API, the counter ``dedup_jobs.decisions`` (attributes ``job``, ``outcome``) and the
-histogram ``dedup_jobs.store.duration`` (seconds; attributes ``store``, ``call``), on the
-meter ``dedup_jobs`` of the global meter provider. The application configures the SDK (a
-``MeterProvider`` with its readers and exporters); until it does, the API's proxy records
-nothing."""
+"""The OpenTelemetry exporter (``pip install dedup-jobs[otel]``), through the OpenTelemetry
+metrics API, on the meter ``dedup_jobs`` of the global meter provider:
+
+- ``dedup_jobs.decisions`` (counter; attributes ``job``, ``outcome``);
+- ``dedup_jobs.store.calls`` (counter; attributes ``store``, ``call``, ``le``: the calls that
+  took at most ``le`` seconds, cumulative like Prometheus' ``_bucket`` series, ``le="+Inf"``
+  counting them all) and ``dedup_jobs.store.duration`` (counter, seconds: their sum).
+
+They are *observable* instruments: the SDK reads the process's running totals (kept by the
+tally anyway) when it collects, so a decision pays nothing for OpenTelemetry (a synchronous
+``add`` costs several µs in the SDK). The application configures the SDK (a ``MeterProvider``
+with its readers and exporters); until it does, nothing is observed."""
 
 from __future__ import annotations
 
-from opentelemetry.metrics import get_meter
+from collections.abc import Iterable
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation, get_meter
 
 from dedup_jobs.metrics.tally import LATENCY_BUCKETS
 
-
-class OtelExporter:
-    """Counts through instruments of the ``dedup_jobs`` meter; one attribute dict per label
-    set, made once."""
-
-    def __init__(self) -> None:
-        meter = get_meter("dedup_jobs")
-        self._decisions = meter.create_counter(
-            "dedup_jobs.decisions", unit="{decision}",
-            description="Decisions of dedup_jobs, by job (task name) and outcome (SPEC A5).",
-        )
-        self._seconds = meter.create_histogram(
-            "dedup_jobs.store.duration", unit="s",
-            description="Seconds one dedup_jobs store call took, by store alias and call.",
-            explicit_bucket_boundaries_advisory=list(LATENCY_BUCKETS),
-        )
-        self._attributes: dict[tuple[str, str], dict[str, str]] = {}
-        self._call_attributes: dict[tuple[str, str], dict[str, str]] = {}
-
-    def decision(self, job: str, outcome: str) -> None:
-        attributes = self._attributes.get((job, outcome))
-        if attributes is None:
-            attributes = self._attributes[(job, outcome)] = {"job": job, "outcome": outcome}
-        self._decisions.add(1, attributes)
-
-    def store_call(self, alias: str, call: str, seconds: float) -> None:
-        attributes = self._call_attributes.get((alias, call))
-        if attributes is None:
-            attributes = self._call_attributes[(alias, call)] = {"store": alias, "call": call}
-        self._seconds.record(seconds, attributes)
+BOUNDS = [*(repr(b) for b in LATENCY_BUCKETS), "+Inf"]
 
 
-def exporter() -> OtelExporter:
-    return OtelExporter()
+def _decisions(options: CallbackOptions) -> Iterable[Observation]:
+    from dedup_jobs.metrics import tally
+
+    for (job, outcome), count in list(tally.totals.items()):
+        yield Observation(count, {"job": job, "outcome": outcome})
+
+
+def _calls(options: CallbackOptions) -> Iterable[Observation]:
+    from dedup_jobs.metrics import tally
+
+    for (alias, call), counts in list(tally.calls.items()):
+        seen = 0.0
+        for bound, count in zip(BOUNDS, counts[:-1], strict=True):
+            seen += count
+            yield Observation(int(seen), {"store": alias, "call": call, "le": bound})
+
+
+def _seconds(options: CallbackOptions) -> Iterable[Observation]:
+    from dedup_jobs.metrics import tally
+
+    for (alias, call), counts in list(tally.calls.items()):
+        yield Observation(counts[-1], {"store": alias, "call": call})
+
+
+#: the registered instruments (kept referenced)
+instruments: list[Any] = []
+
+
+def exporter() -> None:
+    """Register the observable instruments once; nothing to do per decision or store call,
+    so no exporter object is returned."""
+    if instruments:
+        return
+    meter = get_meter("dedup_jobs")
+    instruments.extend([
+        meter.create_observable_counter(
+            "dedup_jobs.decisions", [_decisions], unit="{decision}",
+            description="Decisions of dedup_jobs, by job (task name) and outcome (A5)."),
+        meter.create_observable_counter(
+            "dedup_jobs.store.calls", [_calls], unit="{call}",
+            description="dedup_jobs store calls that took at most le seconds."),
+        meter.create_observable_counter(
+            "dedup_jobs.store.duration", [_seconds], unit="s",
+            description="Seconds spent in dedup_jobs store calls, in all."),
+    ])

@@ -46,22 +46,34 @@ class Taken:
 
 
 class Tally:
-    """Counters of one process since the last :meth:`take`."""
+    """Counters of one process since the last :meth:`take`, and since the process started
+    (``totals``, ``calls``: what the OpenTelemetry exporter observes at collection time)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._now = Taken()
+        #: decisions since the process started, by (job, outcome)
+        self.totals: Counter[tuple[str, str]] = Counter()
+        #: store calls since the process started, by (alias, call): bucket counts, then the
+        #: sum of their seconds last
+        self.calls: dict[tuple[str, str], list[float]] = {}
 
     def decision(self, job: str, outcome: str, key: str | None) -> None:
         with self._lock:
+            self.totals[(job, outcome)] += 1
             now = self._now
             now.decisions[(job, outcome)] += 1
             if key is not None and (len(now.keys) < MAX_KEYS or (job, key) in now.keys):
                 now.keys[(job, key)] += 1
 
-    def store_call(self, alias: str, seconds: float, error: str | None) -> None:
+    def store_call(self, alias: str, call: str, seconds: float, error: str | None) -> None:
         slot = bisect.bisect_left(LATENCY_BUCKETS, seconds)
         with self._lock:
+            totals = self.calls.get((alias, call))
+            if totals is None:
+                totals = self.calls[(alias, call)] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+            totals[slot] += 1
+            totals[-1] += seconds
             now = self._now
             counts = now.latency.get(alias)
             if counts is None:
