@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from dedup_jobs import clock
 from dedup_jobs.keys import build_key
@@ -99,5 +101,32 @@ def test_no_column_hidden_or_cut(
                 assert got["lastAfterScroll"][1] <= right + 1, f"last column unreachable: {where}"
             wrapped = [owner for owner, lines in got["owners"] if lines > 1]
             assert not wrapped, f"owner ids wrap: {wrapped}; {where}"
+    finally:
+        context.close()
+
+
+def test_overview_in_the_browser(browser: Any, live_server: Any, shots: Path) -> None:  # noqa: F811
+    """A5: after 20 dispatches of 4 keys (flushed), the Overview in Chromium draws both charts
+    and its job row says 16 duplicates prevented, 4 dispatched (screenshot for the docs)."""
+    from dedup_jobs.metrics import history, tally
+
+    tally.take()
+    for n in range(20):
+        jobs.unique_sleep.delay(f"overview-{n % 4}")
+    assert history.flusher.flush()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    try:
+        # as a deployment runs it (the suite's own processes keep no flush thread)
+        with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "METRICS_FLUSH_SECONDS": 30}):
+            log_in(page, live_server, "/admin/dedup_jobs/overview/")
+        charts = page.locator("figure.dedup-chart svg")
+        assert charts.count() == 2 and charts.first.is_visible()
+        assert charts.first.bounding_box()["height"] > 50
+        row = page.locator("tr.job-row", has_text="tests.unique_sleep")
+        assert row.locator("td.prevented").inner_text() == "16"
+        assert row.locator("td.dispatched").inner_text() == "4"
+        page.screenshot(path=str(shots / "admin-overview.png"), full_page=True)
     finally:
         context.close()
