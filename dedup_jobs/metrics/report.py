@@ -81,8 +81,9 @@ def per_job(now: float) -> list[dict[str, Any]]:
 
 def busiest_keys(now: float, limit: int = 10) -> list[dict[str, Any]]:
     """The keys with the most duplicates prevented over the last day."""
-    return list(KeyCount.objects.filter(start__gte=now - DAY).values("digest", "job", "key")
-                .annotate(total=Sum("count")).order_by("-total", "key")[:limit])
+    rows = (KeyCount.objects.filter(start__gte=now - DAY).values("digest", "job", "key")
+            .annotate(total=Sum("count")).order_by("-total", "key")[:limit])
+    return [dict(row) for row in rows]
 
 
 def store_health(now: float) -> list[dict[str, Any]]:
