@@ -55,3 +55,35 @@ def test_bad_metrics_settings_are_e003(value: object) -> None:
                                        "METRICS": "yes"}):
         ids = sorted(m.msg.split("]")[0] for m in check_settings() if m.id.endswith("E003"))
     assert ids == ["DEDUP_JOBS['METRICS'", "DEDUP_JOBS['METRICS_FLUSH_SECONDS'"]
+
+
+RESULTS_SCRIPT = """
+import django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from django_celery_results.models import TaskResult
+from dedup_jobs.admin import owners
+done = TaskResult.objects.create(task_id="done-task", status="SUCCESS")
+links = owners.links(["done-task", "queued-task"])
+print(links["done-task"] == f"/admin/django_celery_results/taskresult/{done.pk}/change/")
+print(links["queued-task"])
+"""
+
+
+def test_owner_links_to_django_celery_results() -> None:
+    """A1: with django_celery_results installed (and no TASK_URL), an owner whose result is
+    stored links to that result's admin change page, one not stored yet to the results list
+    searched for its id."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.workers import ROOT
+
+    out = subprocess.run([sys.executable, "-c", RESULTS_SCRIPT], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60,
+                         env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings_results"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True",
+                                  "/admin/django_celery_results/taskresult/?q=queued-task"]

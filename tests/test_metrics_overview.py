@@ -58,3 +58,29 @@ def test_a_failed_flush_keeps_its_counts_and_history_is_pruned() -> None:
                                  count=1)
     history.prune(clock.now())
     assert not DecisionCount.objects.filter(start=old).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flush_thread_writes_within_its_interval() -> None:
+    """A5: a process's flush thread (started by its first decision) writes what it counted
+    within METRICS_FLUSH_SECONDS, off the decision path."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from tests.workers import wait_for
+
+    tally.take()
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "METRICS_FLUSH_SECONDS": 0.3}):
+        history.flusher._pid = 0  # as in a new process
+        try:
+            jobs.unique_sleep.delay("flushed-by-thread")
+            jobs.unique_sleep.delay("flushed-by-thread")
+            wait_for(lambda: DecisionCount.objects.filter(
+                resolution=MINUTE, job="tests.unique_sleep", outcome="deduplicated").exists(),
+                timeout=10)
+        finally:
+            history.flusher._pid = -1  # its loop ends at its next wake-up
+            history.flusher._wake.set()
+    row = DecisionCount.objects.get(resolution=MINUTE, job="tests.unique_sleep",
+                                    outcome="dispatched")
+    assert row.count == 1
