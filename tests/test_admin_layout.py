@@ -84,8 +84,7 @@ def test_no_column_hidden_or_cut(
         log_in(page, live_server, "/admin/dedup_jobs/joblock/")
         for name in PAGES:
             response = page.goto(f"{live_server.url}/admin/dedup_jobs/{name}/")
-            if name == "overview" and response is not None and response.status == 404:
-                continue  # the Overview page is measured once it exists
+            assert response is not None and response.status == 200, name
             got = page.evaluate(MEASURE)
             page.screenshot(path=str(shots / f"layout-{name}-{width}.png"), full_page=True)
             where = f"{name} at {width}px: {got}"
