@@ -84,3 +84,11 @@ def test_the_flush_thread_writes_within_its_interval() -> None:
     row = DecisionCount.objects.get(resolution=MINUTE, job="tests.unique_sleep",
                                     outcome="dispatched")
     assert row.count == 1
+
+
+def test_overview_is_listed_first_in_the_section() -> None:
+    """A5: the app's section of the admin index lists the Overview first."""
+    html = login("viewer", "view_joblock").get("/admin/").content.decode()
+    names = re.findall(r'<th scope="row" id="dedup_jobs-[^"]*">\s*<a href="[^"]*"[^>]*>'
+                       r'([^<]+)</a>', html)
+    assert names[0] == "Activity overview" and len(names) == 4, names
