@@ -44,12 +44,37 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         if not isinstance(value, str) or not value:
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be a non-empty "
                                     f"string.", f"Default: {DEFAULTS[name]!r}."))
-    for name in ("SHOW_ARGS", "OBSERVE_ONLY"):
+    for name in ("SHOW_ARGS", "OBSERVE_ONLY", "METRICS"):
         value = raw.get(name, DEFAULTS[name])
         if not isinstance(value, bool):
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be True or False.",
                                  "Use a boolean."))
+    value = raw.get("METRICS_FLUSH_SECONDS", DEFAULTS["METRICS_FLUSH_SECONDS"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
+        errors.append(_error(3, f"DEDUP_JOBS['METRICS_FLUSH_SECONDS'] = {value!r} is not a "
+                                f"number of seconds from 0 to 60.",
+                             "Set it to e.g. 30 (the Overview shows every process within it), "
+                             "or 0 to keep no history."))
+    problem = task_url_problem(raw.get("TASK_URL", DEFAULTS["TASK_URL"]))
+    if problem:
+        errors.append(_error(3, f"DEDUP_JOBS['TASK_URL'] = {raw.get('TASK_URL')!r} {problem}",
+                             "Use e.g. 'http://flower:5555/task/{id}', or '' for no link."))
     return errors
+
+
+def task_url_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be the owner-link template of Held locks (None: it can)."""
+    if value == "":
+        return None
+    if not isinstance(value, str):
+        return "must be a string."
+    if "{id}" not in value:
+        return "has no {id} placeholder for the task id."
+    try:
+        value.format(id="x")
+    except (KeyError, IndexError, ValueError) as exc:
+        return f"is not a valid template ({exc!r}): only {{id}} may stand in braces."
+    return None
 
 
 def _store_aliases() -> dict[str, list[str]]:

@@ -32,6 +32,16 @@ DEFAULTS: dict[str, Any] = {
     # R3: every job's decisions are taken and reported (signals with observed=True, logs) but
     # nothing is dropped, deferred, replaced or raised. A job's own observe_only wins.
     "OBSERVE_ONLY": False,
+    # A5: count every decision in-process (no store round trip) and export the counts through
+    # prometheus_client / OpenTelemetry when installed; the admin Overview reads them too.
+    "METRICS": True,
+    # Seconds between two flushes of a process's counts into the admin Overview's history
+    # (a daemon thread, off the decision path); 0: no flush thread (no history kept).
+    "METRICS_FLUSH_SECONDS": 30.0,
+    # Held locks link an owner task id to this URL ("{id}" is replaced by the task id), e.g.
+    # "http://flower:5555/task/{id}". Empty: django_celery_results' admin page when that app
+    # is installed, else no link.
+    "TASK_URL": "",
 }
 
 ON_STORE_ERROR_CHOICES = ("raise", "enqueue")
@@ -93,6 +103,18 @@ class AppSettings:
     @property
     def OBSERVE_ONLY(self) -> bool:
         return bool(self._get("OBSERVE_ONLY"))
+
+    @property
+    def METRICS(self) -> bool:
+        return bool(self._get("METRICS"))
+
+    @property
+    def METRICS_FLUSH_SECONDS(self) -> float:
+        return float(self._get("METRICS_FLUSH_SECONDS"))
+
+    @property
+    def TASK_URL(self) -> str:
+        return str(self._get("TASK_URL") or "")
 
 
 app_settings = AppSettings()

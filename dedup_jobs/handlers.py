@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import task_revoked
+from celery.signals import task_revoked, worker_process_shutdown
 
 from dedup_jobs.jobs.base import HEADER, DedupJob
 
@@ -44,5 +44,14 @@ def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         )
 
 
+def _process_shutdown(**kwargs: Any) -> None:
+    """A prefork child leaves through ``os._exit`` (no atexit): flush its metrics first."""
+    from dedup_jobs.metrics.history import flush_at_exit
+
+    flush_at_exit()
+
+
 def connect() -> None:
     task_revoked.connect(_revoked, weak=False, dispatch_uid="dedup_jobs.revoked")
+    worker_process_shutdown.connect(_process_shutdown, weak=False,
+                                    dispatch_uid="dedup_jobs.metrics.flush")

@@ -116,7 +116,9 @@ CACHES = {
     },
 }
 
-DEDUP_JOBS = {"STORE": "redis", "LEASE_SECONDS": 60}
+# No metrics flush thread in the suite's processes (it would write into the test databases
+# behind the tests' backs); the Overview tests flush by hand (tests/test_metrics_overview.py).
+DEDUP_JOBS = {"STORE": "redis", "LEASE_SECONDS": 60, "METRICS_FLUSH_SECONDS": 0}
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", f"{REDIS_URL}/10")
 CELERY_RESULT_BACKEND = f"{REDIS_URL}/11"

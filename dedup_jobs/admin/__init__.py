@@ -1,12 +1,15 @@
-"""The app's admin section: *Held locks*, *Debounced jobs*, *Job classes* (docs/admin.md)."""
+"""The app's admin section: *Overview*, *Held locks*, *Debounced jobs*, *Job classes*
+(docs/admin.md)."""
 
 from django.contrib import admin
 
 from dedup_jobs.admin.debounces import PendingDebounceAdmin
 from dedup_jobs.admin.job_classes import JobClassAdmin
 from dedup_jobs.admin.locks import JobLockAdmin
-from dedup_jobs.models import JobClass, JobLock, PendingDebounce
+from dedup_jobs.admin.overview import OverviewAdmin
+from dedup_jobs.models import JobClass, JobLock, Overview, PendingDebounce
 
 admin.site.register(JobLock, JobLockAdmin)
 admin.site.register(PendingDebounce, PendingDebounceAdmin)
 admin.site.register(JobClass, JobClassAdmin)
+admin.site.register(Overview, OverviewAdmin)

@@ -33,6 +33,7 @@ BACKEND_NAMES = {
 }
 
 PAGES = (
+    ("overview", "Overview"),
     ("joblock", "Held locks"),
     ("pendingdebounce", "Debounced jobs"),
     ("jobclass", "Job classes"),

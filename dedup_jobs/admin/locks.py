@@ -15,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from dedup_jobs import clock
-from dedup_jobs.admin import flow
+from dedup_jobs.admin import flow, owners
 from dedup_jobs.admin.common import (
     PageAdmin,
     chosen_store,
@@ -66,7 +66,9 @@ class Selected:
         return JobKey(key=self.key, task_name=self.task_name, ident=self.ident)
 
 
-def _row(lock: LockInfo, now: float, jobs: dict[str, DedupJob]) -> dict[str, Any]:
+def _row(
+    lock: LockInfo, now: float, jobs: dict[str, DedupJob], owner_links: dict[str, str]
+) -> dict[str, Any]:
     job = jobs.get(lock.task_name)
     return {
         "lock": lock,
@@ -74,11 +76,20 @@ def _row(lock: LockInfo, now: float, jobs: dict[str, DedupJob]) -> dict[str, Any
         # R2: the running marker of an until-processing job (its lock went as the run began)
         "marker": lock.state == RUNNING and lock.key.endswith(":run")
         and job is not None and flow.overlap_guarded(job),
+        "owner_short": owners.short(lock.owner),
+        "owner_url": owner_links.get(lock.owner),
         "value": Selected.of(lock).value,
         "acquired": when(lock.acquired_at),
         "expires": when(lock.expires_at),
         "expires_in": duration(None if lock.expires_at is None else lock.expires_at - now),
     }
+
+
+def _rows(
+    locks: list[LockInfo], now: float, jobs: dict[str, DedupJob]
+) -> list[dict[str, Any]]:
+    owner_links = owners.links(lock.owner for lock in locks)
+    return [_row(lock, now, jobs, owner_links) for lock in locks]
 
 
 class JobLockAdmin(PageAdmin):
@@ -183,7 +194,7 @@ class JobLockAdmin(PageAdmin):
         context = self.page_context(
             request,
             "Held locks",
-            rows=[_row(lock, now, by_name) for lock in page.items] if page else [],
+            rows=_rows(page.items, now, by_name) if page else [],
             action_choices=actions if len(actions) > 1 else [],
             action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
             **shared,

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from celery.exceptions import Ignore
 from celery.states import READY_STATES, REVOKED
 
-from dedup_jobs import clock
+from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, notify
@@ -64,7 +64,15 @@ class Admitted:
 
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
     """Decide the message being executed by ``job``; raises ``Ignore`` when it must end
-    without running (skipped, put off, dropped)."""
+    without running (skipped, put off, dropped). A message let through to its body is
+    counted ``ran`` here (A5); the other outcomes where they are decided."""
+    admitted = _decide(job, args, kwargs)
+    if admitted.run:
+        metrics.decision(job.name, "ran")
+    return admitted
+
+
+def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
     request = job.request
     owner = str(request.id)
     header = job.header()
@@ -147,6 +155,7 @@ def observe_skip(job: UniqueJob, key: JobKey, holder: str) -> Admitted:
     """R3: the message would have been skipped (W3): reported, then run unchecked (the lock
     is another owner's: nothing of it is touched)."""
     request = job.request
+    metrics.decision(job.name, "skipped", key.key)
     notify(unique_job_skipped, type(job), task_id=request.id, holder_id=holder, key=key.key,
            stage="worker", observed=True)
     logger.info("%s[%s]: observe-only: would have been skipped (%s is held by %s); runs.",
@@ -168,6 +177,7 @@ def defer(
     countdown += random.uniform(0, 0.25)
     until = clock.now() + countdown
     observing = job.observing()
+    metrics.decision(job.name, "deferred", key.key)
     notify(job_deferred, type(job), task_id=request.id, key=key.key, reason="overlap",
            until=until, observed=observing)
     if observing:
@@ -231,6 +241,7 @@ def put_off(
     runs."""
     request = job.request
     countdown = app_settings.LEASE_SECONDS / 3
+    metrics.decision(job.name, "deferred", key.key)
     logger.warning("%s[%s]: another delivery of this message is running; this copy waits "
                    "%.1fs.", job.name, request.id, countdown)
     republish(job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered})
@@ -242,6 +253,7 @@ def skip(job: UniqueJob, key: JobKey, holder: str) -> bool:
     inside a group or chord (the job returns None, so the chord body still runs); raises
     Ignore otherwise, with the result REVOKED and later chain links too."""
     request = job.request
+    metrics.decision(job.name, "skipped", key.key)
     notify(unique_job_skipped, type(job), task_id=request.id, holder_id=holder, key=key.key,
            stage="worker")
     logger.info("%s[%s] skipped: %s is held by %s", job.name, request.id, key.key, holder)

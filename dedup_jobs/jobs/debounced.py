@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 from celery.result import AsyncResult
 
-from dedup_jobs import clock
+from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs import chains
@@ -115,7 +115,7 @@ class DebouncedJob(DedupJob):
             # A group or chord counts this very message, and callbacks hang on it: published
             # as it is, it runs (no header, so the worker runs it unchecked). Eager mode runs
             # at once too. A chain link is debounced (D8, see dedup_jobs/jobs/chains.py).
-            return publish(args, kwargs, task_id, **options)
+            return self._dispatched(publish(args, kwargs, task_id, **options))
         task_id = task_id or new_task_id()
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
@@ -148,8 +148,9 @@ class DebouncedJob(DedupJob):
                 alias,
                 exc_info=True,
             )
-            return publish(args, kwargs, task_id, **options)
+            return self._dispatched(publish(args, kwargs, task_id, **options))
         if answer.superseded:
+            metrics.decision(self.name, "superseded", key.key)
             job_debounced.send(
                 sender=type(self),
                 debounce_id=key.ident,
@@ -162,10 +163,14 @@ class DebouncedJob(DedupJob):
         options.pop("eta", None)
         options = self.with_header({**options, "countdown": debounce_for}, key.as_header(alias))
         try:
-            return publish(args, kwargs, task_id, **options)
+            return self._dispatched(publish(args, kwargs, task_id, **options))
         except BaseException:
             self._abandon(store, key, task_id)
             raise
+
+    def _dispatched(self, result: AsyncResult[Any]) -> AsyncResult[Any]:
+        metrics.decision(self.name, "dispatched")  # A5: counted once it is published
+        return result
 
     def _abandon(self, store: BaseStore, key: JobKey, message_id: str) -> None:
         """Publishing the burst's message failed: drop its state, so that the next dispatch
@@ -252,6 +257,7 @@ class DebouncedJob(DedupJob):
             return super().__call__(*args, **kwargs)
         header = self.header()
         if header is None:
+            metrics.decision(self.name, "ran")
             return self.run(*args, **kwargs)  # send_task, a canvas link, or store down
         if header.get(CLAIMED_FLAG):
             absorbed = list(header.get(ABSORBED) or ())
@@ -279,6 +285,7 @@ class DebouncedJob(DedupJob):
                 alias,
                 exc_info=True,
             )
+            metrics.decision(self.name, "ran")
             return self.run(*args, **kwargs)
         if due.action == WAIT:
             self._reschedule(args, kwargs, header, float(due.wait_until or 0))
@@ -291,6 +298,7 @@ class DebouncedJob(DedupJob):
                 key.key,
                 due.action,
             )
+            metrics.decision(self.name, "ran")
             return self.run(*args, **kwargs)
         # Retries of this run re-send the latest arguments, not the first dispatch's, and
         # the chain that goes on after it is the latest dispatch's (D8).
@@ -304,6 +312,7 @@ class DebouncedJob(DedupJob):
         """A later dispatch moved the burst: this message re-publishes itself (same id) for
         when the burst is due, and ends without a result."""
         countdown = max(0.0, until - clock.now())
+        metrics.decision(self.name, "deferred")
         signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
         options = dict(signature.options)
         task_id = options.pop("task_id", None) or self.request.id
@@ -319,6 +328,7 @@ class DebouncedJob(DedupJob):
         absorbed id but this message's own, which Celery records) and end the chains of the
         superseded ones (D8)."""
         request = self.request
+        metrics.decision(self.name, "ran")
         request.dedup_absorbed = others  # type: ignore[attr-defined]
         request.dedup_winner = winner  # type: ignore[attr-defined]
         keep = not (self.ignore_result or request.ignore_result)

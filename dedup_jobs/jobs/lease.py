@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
-from dedup_jobs import clock
+from dedup_jobs import clock, metrics
 from dedup_jobs.jobs import native
 from dedup_jobs.jobs.base import notify
 from dedup_jobs.keys import JobKey
@@ -244,6 +244,7 @@ class LeaseKeeper:
                 "keeps running, the lock is no longer renewed and is left to its owner.",
                 key, owner, renewed.holder,
             ),
+            partial(metrics.decision, lease.key.task_name, "lock_lost", key),
             partial(
                 notify, lock_lost, lease.sender, key=key, owner=owner,
                 store=lease.store.alias, holder=renewed.holder, observed=False,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dedup_jobs import metrics
 from dedup_jobs.jobs.base import logger, notify
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import unique_job_replaced
@@ -20,6 +21,7 @@ def replaced_by(job: UniqueJob, key: JobKey, replaced: str, task_id: str) -> Non
     REVOKED at once and a revoke is sent; the worker-side check alone keeps it from
     running (the lock is no longer its own, its result already REVOKED)."""
     observed = job.observing()
+    metrics.decision(job.name, "replaced", key.key)
     notify(unique_job_replaced, type(job), replaced_id=replaced, by_id=task_id,
            key=key.key, observed=observed)
     if observed:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
-from dedup_jobs import clock
+from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.admission import OBSERVED, admit
@@ -152,6 +152,7 @@ class UniqueJob(DedupJob):
                 exc_info=True,
             )
             result = self._publish(args, kwargs, task_id, key, alias, options)
+            metrics.decision(self.name, "dispatched")
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
         # A freshly generated id held already means our own acquire ran twice (the client
@@ -170,6 +171,7 @@ class UniqueJob(DedupJob):
                 undo_lock(self, store, key, task_id, ttl)
             raise
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
+        metrics.decision(self.name, "dispatched")
         result.deduplicated = False  # type: ignore[attr-defined]
         return result
 
@@ -214,6 +216,7 @@ class UniqueJob(DedupJob):
         kwargs: Any,
         options: dict[str, Any],
     ) -> AsyncResult[Any]:
+        metrics.decision(self.name, "deduplicated", key.key)
         notify(
             unique_job_skipped,
             type(self),

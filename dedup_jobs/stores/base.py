@@ -171,8 +171,23 @@ def decode_call(payload: str | bytes) -> tuple[CallArgs, dict[str, Any]]:
     return call, dict(kwargs)
 
 
+#: the decision methods of a store: each is timed, and its StoreUnavailable counted, by
+#: :func:`dedup_jobs.metrics.timed` (A5), in every subclass that defines one
+TIMED_CALLS = ("acquire", "start", "release", "renew", "take_over", "start_exclusive",
+               "debounce", "claim_due", "release_queued")
+
+
 class BaseStore(ABC):
     """One lock store. Every method is one decision, atomic where ``atomic`` is True."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from dedup_jobs.metrics import timed
+
+        for name in TIMED_CALLS:
+            method = getattr(cls, name, None)  # its own, a mixin's or an inherited one
+            if callable(method) and not getattr(method, "__dedup_timed__", False):
+                setattr(cls, name, timed(method))
 
     #: the store can list held locks (admin, clear_stale_locks) without scanning the keyspace
     can_list: bool = False

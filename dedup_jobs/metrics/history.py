@@ -1,0 +1,156 @@
+"""The admin Overview's shared history (A5): each process's tally is flushed into the
+database (``dedup_jobs.metrics.models``) on an interval by a daemon thread of that process,
+never on the decision path, so counting adds no round trip to any decision. A flush is a
+few statements per (job, outcome) counted since the last one, in one transaction; a flush
+that fails (the database down, the table not migrated) keeps its counts for the next one.
+
+Every process shows in the Overview within ``DEDUP_JOBS["METRICS_FLUSH_SECONDS"]`` (30 s;
+SPEC A5: 60 s; 0 starts no thread and keeps no history). A process
+that exits flushes what is left (``atexit``, and Celery's ``worker_process_shutdown`` for
+prefork children, which leave through ``os._exit``)."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from dedup_jobs.conf import app_settings
+from dedup_jobs.metrics.tally import Taken
+
+logger = logging.getLogger("dedup_jobs")
+
+#: keys of one flush written to the history (the busiest of the interval)
+KEYS_PER_FLUSH = 50
+#: seconds between two prunings of old buckets by one process
+PRUNE_SECONDS = 600.0
+
+
+class Flusher:
+    """The flush thread of this process: started on its first decision, again after a fork."""
+
+    def __init__(self) -> None:
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pruned = 0.0
+
+    def ensure(self) -> None:
+        if self._pid == os.getpid() or not app_settings.METRICS_FLUSH_SECONDS:
+            return
+        with self._lock:
+            if self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            self._wake = threading.Event()
+            thread = threading.Thread(target=self._loop, name="dedup_jobs-metrics",
+                                      daemon=True)
+            thread.start()
+
+    def _loop(self) -> None:
+        pid = os.getpid()
+        while self._pid == pid:
+            self._wake.wait(app_settings.METRICS_FLUSH_SECONDS or 60.0)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> bool:
+        """Write what this process counted since the last flush; False if it could not be
+        written (kept for the next flush)."""
+        from dedup_jobs.metrics import tally
+
+        taken = tally.take()
+        if taken.empty():
+            return True
+        try:
+            write(taken, time.time())
+            if time.monotonic() - self._pruned > PRUNE_SECONDS:
+                self._pruned = time.monotonic()
+                prune(time.time())
+        except Exception:
+            tally.give_back(taken)
+            logger.debug("dedup_jobs metrics: flush failed; kept for the next one.",
+                         exc_info=True)
+            return False
+        finally:
+            from django.db import connections
+
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()  # this thread's own connections
+        return True
+
+
+def _add(model: Any, lookup: dict[str, Any], count: int, **extra: Any) -> None:
+    """``count`` more on the row at ``lookup`` (made if missing; a racing insert of another
+    process is met by adding to its row)."""
+    from django.db import IntegrityError, transaction
+    from django.db.models import F
+
+    if model.objects.filter(**lookup).update(count=F("count") + count):
+        return
+    try:
+        with transaction.atomic():
+            model.objects.create(**lookup, count=count, **extra)
+    except IntegrityError:
+        model.objects.filter(**lookup).update(count=F("count") + count)
+
+
+def write(taken: Taken, now: float) -> None:
+    """Add one flush's counts to the history buckets of ``now``."""
+    from django.db import transaction
+
+    from dedup_jobs.metrics.models import (
+        DAY,
+        HOUR,
+        MINUTE,
+        DecisionCount,
+        KeyCount,
+        StoreError,
+        StoreLatency,
+    )
+
+    minute = int(now // MINUTE * MINUTE)
+    with transaction.atomic():
+        for (job, outcome), count in taken.decisions.items():
+            for resolution in (MINUTE, HOUR, DAY):
+                start = int(now // resolution * resolution)
+                _add(DecisionCount, {"resolution": resolution, "start": start, "job": job,
+                                     "outcome": outcome}, count)
+        hour = int(now // HOUR * HOUR)
+        for (job, key), count in taken.keys.most_common(KEYS_PER_FLUSH):
+            digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()
+            _add(KeyCount, {"start": hour, "digest": digest}, count, job=job, key=key)
+        for alias, counts in taken.latency.items():
+            for slot, count in enumerate(counts):
+                if count:
+                    _add(StoreLatency, {"start": minute, "store": alias, "slot": slot}, count)
+        if taken.last_error is not None:
+            at, alias, message = taken.last_error
+            StoreError.objects.update_or_create(store=alias, defaults={
+                "at": at, "message": message[:2000]})
+
+
+def prune(now: float) -> None:
+    """Drop buckets past their resolution's keep (bounded history)."""
+    from dedup_jobs.metrics.models import DAY, KEEP, DecisionCount, KeyCount, StoreLatency
+
+    for resolution, keep in KEEP.items():
+        DecisionCount.objects.filter(resolution=resolution, start__lt=now - keep).delete()
+    KeyCount.objects.filter(start__lt=now - DAY).delete()
+    StoreLatency.objects.filter(start__lt=now - DAY).delete()
+
+
+flusher = Flusher()
+
+
+def flush_at_exit(**kwargs: Any) -> None:
+    """The process is ending: flush what is left, if this process keeps history."""
+    if flusher._pid == os.getpid():
+        flusher.flush()
+
+
+atexit.register(flush_at_exit)
