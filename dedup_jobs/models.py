@@ -4,9 +4,14 @@ admin's *Job classes* page its place in the app's section (see docs/admin.md).""
 
 from django.db import models
 
-from dedup_jobs.stores.database.models import JobLock, PendingDebounce
+from dedup_jobs.stores.database.models import (
+    JobLock,
+    PendingDebounce,
+    ThrottleEntry,
+    ThrottleKey,
+)
 
-__all__ = ["JobClass", "JobLock", "PendingDebounce"]
+__all__ = ["JobClass", "JobLock", "PendingDebounce", "ThrottleEntry", "ThrottleKey"]
 
 
 class JobClass(models.Model):
