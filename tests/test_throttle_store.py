@@ -61,16 +61,16 @@ def test_slot_is_a_lease(store_name: str) -> None:
     one does not; a lapsed slot is taken back by its renewal while there is room."""
     store = _store(store_name)
     key = jobs_throttle.two_at_once.throttle_key((3,), {})
-    assert admit(store, key, "dead", n=1, lease=1).admitted
-    assert not admit(store, key, "next", n=1, lease=1).admitted
-    time.sleep(1.3)
-    assert admit(store, key, "next", n=1, lease=1).admitted
+    assert admit(store, key, "dead", n=1, lease=0.5).admitted
+    assert not admit(store, key, "next", n=1, lease=0.5).admitted
+    time.sleep(0.7)
+    assert admit(store, key, "next", n=1, lease=0.5).admitted
     for _ in range(3):
-        time.sleep(0.4)
-        assert store.throttle_renew(key, "next", 1, limit=1).held
-    assert not admit(store, key, "third", n=1, lease=1).admitted
+        time.sleep(0.2)
+        assert store.throttle_renew(key, "next", 0.5, limit=1).held
+    assert not admit(store, key, "third", n=1, lease=0.5).admitted
     assert store.throttle_release(key, "next")
-    renewed = store.throttle_renew(key, "next", 1, limit=1)
+    renewed = store.throttle_renew(key, "next", 0.5, limit=1)
     assert renewed.held and renewed.retaken
 
 
