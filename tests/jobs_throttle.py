@@ -41,3 +41,17 @@ def unique_one_at_once(item: int, seconds: float = 0.0) -> int:
 def debounced_throttled(item: int) -> int:
     record("debounced_throttled", (item, time.time()))
     return item
+
+
+# -- benchmarks/throttle.py: one hot key, 1,000 messages ---------------------------------
+
+
+@shared_task(base=ThrottledJob, name="tests.bench_two_at_once", concurrency=2)
+def bench_two_at_once(tag: int = 0, seconds: float = 0.0) -> int:
+    time.sleep(seconds)
+    return tag
+
+
+@shared_task(base=ThrottledJob, name="tests.bench_ten_per_second", throttle="10/s")
+def bench_ten_per_second(tag: int = 0) -> int:
+    return tag

@@ -190,11 +190,9 @@ def admit_throttle(
         return None
     if answer.admitted:
         return Slot(store=store, key=key, owner=owner, limit=concurrency) if concurrency else None
+    # The store's answer holds the jitter (T2: up to a quarter of a wait for a slot, at most
+    # 1 s, part of the waiter's turn; T3: none, the reserved start times are spread already)
     wait = max(0.0, answer.until - clock.now())
-    # T2: spread the waiters of one slot (at most 1 s); T3: none, the reserved start
-    # times are spread already, and jitter would only reorder them
-    if answer.reason == "concurrency":
-        wait += random.uniform(0, min(1.0, 0.05 + wait / 4))
     observing = bool(getattr(job, "observing", lambda: False)())
     notify(job_deferred, type(job), task_id=owner, key=key.key, reason=answer.reason,
            until=clock.now() + wait, observed=observing)

@@ -8,6 +8,7 @@ concurrency slots are leases; the rate is a sliding window log of starts and res
 from __future__ import annotations
 
 import math
+import random
 from datetime import datetime
 from typing import Any
 
@@ -98,8 +99,13 @@ class DatabaseThrottleMixin:
                         pos = (waiting.filter(at__lt=_dt(me)).count() if me is not None
                                else waiting.count()) + 1
                         avg = ThrottleKey.objects.using(self.using).values_list(
-                            "avg_run", flat=True).get(pk=pk) or ASSUMED_RUN
+                            "avg_run", flat=True).get(pk=pk)
+                        if avg is None:  # as long again as the oldest running one so far
+                            oldest = mine.filter(kind=SLOT).order_by("at").values_list(
+                                "at", flat=True).first()
+                            avg = max(ASSUMED_RUN, now - _ts(oldest) if oldest else 0.0)
                         wait = min(cap, max(margin, math.ceil(pos / n) * avg))
+                        wait += random.random() * min(1.0, 0.05 + wait / 4)
                         self._put(pk, WAIT, owner, now + wait, now + wait + lease)
                         mine.filter(kind=RES, member=owner).delete()
                         return Admission(admitted=False, reason="concurrency",

@@ -4,6 +4,7 @@ throttle keys through their index."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,7 @@ class RedisThrottleMixin:
                 owner, delivery, concurrency, _ms(lease), rate_limit, _ms(rate_period),
                 key.task_name, key.ident, self.deadline_ms(), _ms(lease / 3),
                 _ms(THROTTLE_GRACE), limit_text(concurrency, rate_limit, rate_period),
-                _ms(ASSUMED_RUN), margin_ms(rate_limit, rate_period),
+                _ms(ASSUMED_RUN), margin_ms(rate_limit, rate_period), f"{random.random():.6f}",
             ))
             if answer[0] == 1:
                 return Admission(admitted=True)

@@ -5,7 +5,8 @@ A throttle key ``K`` (``{KEY_PREFIX}:throttle:{task}:{id}``, through the cache's
 is five keys sharing its hash tag (suffixes, so they share a slot on a Redis Cluster):
 
 - ``K``         hash: task, id, limit (text, for the admin), n, k, p, avg (EWMA of run
-                durations, ms), "s:"..owner (start of each slot, ms)
+                durations, ms), gap (EWMA of the time between two releases, ms), lr (the
+                last release, ms), "s:"..owner (start of each slot, ms)
 - ``K:slots``   sorted set: concurrency slots, member = owner task id, score = lease expiry
 - ``K:wait``    sorted set: messages deferred for a slot, score = when they come back
 - ``K:starts``  sorted set: starts of the last period, member = delivery nonce, score = when
@@ -24,7 +25,9 @@ reservation made before it, and comes back for it. Times are the server's clock 
 # ARGV[4] lease ms, ARGV[5] starts per period (0: none), ARGV[6] period ms, ARGV[7] task name,
 # ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none), ARGV[10] longest wait
 # for a slot ms, ARGV[11] grace ms (a waiter late by more loses its turn), ARGV[12] limit
-# text, ARGV[13] run duration assumed before one was measured ms, ARGV[14] margin ms
+# text, ARGV[13] the shortest run duration assumed before one was measured ms, ARGV[14]
+# margin ms, ARGV[15] a random fraction in [0, 1): the jitter of a wait for a slot (up to a
+# quarter of the wait, at most 1 s), part of the waiter's turn so they come back in turn
 # Returns {1, now} admitted (a slot taken or kept, the start recorded), {0, "concurrency" |
 # "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed). A
 # re-send answers as the first: the start is known by its nonce, the slot by its owner, a
@@ -69,8 +72,23 @@ if n > 0 then
       else
         pos = redis.call('ZCARD', KEYS[3]) + 1
       end
-      local avg = tonumber(redis.call('HGET', KEYS[1], 'avg') or ARGV[13])
-      local wait = math.min(cap, math.max(margin, math.ceil(pos / n) * avg))
+      local avg = tonumber(redis.call('HGET', KEYS[1], 'avg'))
+      if not avg then
+        -- no run measured yet: expect the running ones to last as long again as the
+        -- oldest has so far (at least the assumed minimum)
+        avg = tonumber(ARGV[13])
+        for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+          local s = tonumber(redis.call('HGET', KEYS[1], 's:' .. m))
+          if s and now - s > avg then avg = now - s end
+        end
+      end
+      -- the key's cadence (ms between two slot releases, measured while runs follow one
+      -- another) says when the waiter's turn comes; before it is known, rounds of runs
+      local gap = tonumber(redis.call('HGET', KEYS[1], 'gap'))
+      local turn = math.ceil(pos / n) * avg
+      if gap then turn = pos * gap end
+      local wait = math.min(cap, math.max(margin, turn))
+      wait = wait + math.floor(tonumber(ARGV[15]) * math.min(1000, 50 + wait / 4))
       redis.call('ZADD', KEYS[3], now + wait, owner)
       redis.call('ZREM', KEYS[5], owner)
       keep()
@@ -125,7 +143,9 @@ return {1, now}
 """
 
 # THROTTLE_RELEASE — free the caller's concurrency slot at the end of its run (T4: one round
-# trip), and fold the run's duration into the average the waiters' countdowns are made of.
+# trip), and fold the run's duration into the average run ('avg') and the time since the
+# key's previous release into its cadence ('gap', only while runs follow one another: at
+# most two average runs apart), which the waiters' countdowns are made of.
 # KEYS[1] hash, KEYS[2] slots; ARGV[1] owner
 # Returns 1 when the caller's slot was freed, 0 when it held none (gone, or a re-send).
 THROTTLE_RELEASE = """
@@ -139,6 +159,14 @@ if started then
   if avg then took = math.floor(avg * 0.7 + took * 0.3) end
   redis.call('HSET', KEYS[1], 'avg', took)
   redis.call('HDEL', KEYS[1], 's:' .. ARGV[1])
+  local last = tonumber(redis.call('HGET', KEYS[1], 'lr'))
+  if last and now - last <= 2 * took then
+    local gap = tonumber(redis.call('HGET', KEYS[1], 'gap'))
+    local since = math.max(1, now - last)
+    if gap then since = gap * 0.7 + since * 0.3 end
+    redis.call('HSET', KEYS[1], 'gap', since)
+  end
+  redis.call('HSET', KEYS[1], 'lr', now)
 end
 return 1
 """
