@@ -11,6 +11,10 @@
 - ``rebuild_product_feed``: ``DebouncedJob``. Every product edit asks for its category's
   feed to be rebuilt; only the last request of a burst runs, a second after the edits stop
   (and within 5 seconds of the first, however long the editing goes on).
+- ``sync_supplier_stock``: ``ThrottledJob``. Each supplier's stock API allows 2 calls per
+  second; every product page view may ask for a refresh. The calls of one supplier start at
+  most 2 per second across every worker (the excess waits, re-published, never dropped);
+  another supplier is not held back.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from django.core.mail import send_mail
 from django.db.models import F
 from django.utils import timezone
 
-from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
+from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob, UniqueUntilProcessingJob
 from example_project.celery import app
 from example_project.shop.models import Invoice, Order, Product, ProductFeed
 
@@ -92,3 +96,9 @@ def rebuild_product_feed(category: str, edit: int = 0) -> str:
         rebuilt_at=timezone.now(), rebuilds=F("rebuilds") + 1, last_edit=edit
     )
     return f"feed {category!r} rebuilt at edit {edit}"
+
+
+@shared_task(base=ThrottledJob, throttle="2/s", throttle_on=("supplier",))
+def sync_supplier_stock(supplier: str, sku: str = "") -> str:
+    """Ask one supplier's stock API about one article (2 calls per second per supplier)."""
+    return f"{supplier}: stock of {sku or 'everything'} synced"

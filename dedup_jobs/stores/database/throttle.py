@@ -104,8 +104,9 @@ class DatabaseThrottleMixin:
                             oldest = mine.filter(kind=SLOT).order_by("at").values_list(
                                 "at", flat=True).first()
                             avg = max(ASSUMED_RUN, now - _ts(oldest) if oldest else 0.0)
-                        wait = min(cap, max(margin, math.ceil(pos / n) * avg))
-                        wait += random.random() * min(1.0, 0.05 + wait / 4)
+                        turn = math.ceil(pos / n) * (avg * 1.2 + 0.01)  # as the script
+                        wait = min(cap, max(margin, turn))
+                        wait += random.random() * min(1.0, 0.01 + wait / 10)
                         self._put(pk, WAIT, owner, now + wait, now + wait + lease)
                         mine.filter(kind=RES, member=owner).delete()
                         return Admission(admitted=False, reason="concurrency",
@@ -121,15 +122,13 @@ class DatabaseThrottleMixin:
                 starts = mine.filter(kind=START, at__gt=_dt(now - p))
                 count = starts.count()
                 start_at = now
-                if r is not None:
-                    if count >= k:
-                        first = starts.order_by("at").values_list("at", flat=True)[count - k]
-                        start_at = _ts(first) + p + margin
-                else:
+                if not (r is not None and count < k):  # behind every reservation (script)
+                    if r is not None:
+                        mine.filter(kind=RES, member=owner).delete()
                     latest = [_ts(v) for v in mine.filter(kind__in=(START, RES))
                               .order_by("-at").values_list("at", flat=True)[:k]]
-                    if len(latest) >= k:
-                        start_at = max(now, latest[k - 1] + p + margin)
+                    if len(latest) >= k:  # the window's rule, paced (see the script)
+                        start_at = max(now, latest[k - 1] + p + margin, latest[0] + p / k)
                 if start_at > now:
                     self._put(pk, RES, owner, start_at, start_at + p + grace)
                     mine.filter(kind=WAIT, member=owner).delete()
@@ -170,6 +169,14 @@ class DatabaseThrottleMixin:
                 return False
             took = max(0.001, _ts(now) - _ts(started))
             rows.filter(pk=pk).update(avg_run=took if avg is None else avg * 0.7 + took * 0.3)
+            # hand the slot over to the waiter whose turn comes first (as the script)
+            entries = ThrottleEntry.objects.using(self.using).filter(throttle_id=pk)
+            waiter = entries.filter(kind=WAIT, at__gte=_dt(_ts(now) - THROTTLE_GRACE)).order_by(
+                "at").values_list("member", "at").first()
+            if waiter is not None:
+                due = max(_ts(now), _ts(waiter[1]))
+                entries.filter(kind=WAIT, member=waiter[0]).delete()
+                self._put(pk, SLOT, waiter[0], due, due + THROTTLE_GRACE)
             return True
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:

@@ -69,8 +69,8 @@ class RedisThrottleMixin:
         raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        keys = self._throttle_keys(key)[:2]
-        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,)))
+        keys = self._throttle_keys(key)[:3]
+        return bool(self._eval("THROTTLE_RELEASE", keys, (owner, _ms(THROTTLE_GRACE))))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
         keys = self._throttle_keys(key)[:2]

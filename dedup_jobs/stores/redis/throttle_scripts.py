@@ -5,8 +5,7 @@ A throttle key ``K`` (``{KEY_PREFIX}:throttle:{task}:{id}``, through the cache's
 is five keys sharing its hash tag (suffixes, so they share a slot on a Redis Cluster):
 
 - ``K``         hash: task, id, limit (text, for the admin), n, k, p, avg (EWMA of run
-                durations, ms), gap (EWMA of the time between two releases, ms), lr (the
-                last release, ms), "s:"..owner (start of each slot, ms)
+                durations, ms), "s:"..owner (start of each slot, ms)
 - ``K:slots``   sorted set: concurrency slots, member = owner task id, score = lease expiry
 - ``K:wait``    sorted set: messages deferred for a slot, score = when they come back
 - ``K:starts``  sorted set: starts of the last period, member = delivery nonce, score = when
@@ -15,7 +14,8 @@ is five keys sharing its hash tag (suffixes, so they share a slot on a Redis Clu
 The rate is a sliding window log (starts and reservations): every start checks that fewer
 than ``k`` started in the period before it, so no window of one period ever holds more than
 ``k`` starts; a deferred message reserves the earliest start that keeps it so behind every
-reservation made before it, and comes back for it. Times are the server's clock (TIME).
+reservation made before it (and one period / k after the latest of them: paced, not in
+bursts), and comes back for it. Times are the server's clock (TIME).
 """
 
 # THROTTLE_ADMIT — T2/T3: admit a message to run, or defer it.
@@ -82,13 +82,12 @@ if n > 0 then
           if s and now - s > avg then avg = now - s end
         end
       end
-      -- the key's cadence (ms between two slot releases, measured while runs follow one
-      -- another) says when the waiter's turn comes; before it is known, rounds of runs
-      local gap = tonumber(redis.call('HGET', KEYS[1], 'gap'))
-      local turn = math.ceil(pos / n) * avg
-      if gap then turn = pos * gap end
+      -- rounds of runs, each a little longer than the average run (a waiter that comes
+      -- back too early costs a deferral more; one that comes late only leaves its slot,
+      -- handed over to it at a release, idle for a moment)
+      local turn = math.ceil(pos / n) * (avg * 1.2 + 10)
       local wait = math.min(cap, math.max(margin, turn))
-      wait = wait + math.floor(tonumber(ARGV[15]) * math.min(1000, 50 + wait / 4))
+      wait = wait + math.floor(tonumber(ARGV[15]) * math.min(1000, 10 + wait / 10))
       redis.call('ZADD', KEYS[3], now + wait, owner)
       redis.call('ZREM', KEYS[5], owner)
       keep()
@@ -107,22 +106,22 @@ if k > 0 then
   end
   local count = redis.call('ZCOUNT', KEYS[4], '(' .. (now - p), '+inf')
   local at = now
-  if r then
-    if count >= k then
-      local first = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. (now - p), '+inf',
-                               'WITHSCORES', 'LIMIT', count - k, 1)
-      at = tonumber(first[2]) + p + margin
-    end
-  else
+  if not (r and count < k) then
+    -- a newcomer, or a reserved message whose start is taken after all (starts drifted
+    -- later than their reservations): reserve behind every reservation made so far
+    if r then redis.call('ZREM', KEYS[5], owner) end
     local a = redis.call('ZREVRANGE', KEYS[4], 0, k - 1, 'WITHSCORES')
     local b = redis.call('ZREVRANGE', KEYS[5], 0, k - 1, 'WITHSCORES')
-    local i, j, seen, kth = 2, 2, 0, nil
+    local i, j, seen, kth, latest = 2, 2, 0, nil, nil
     while seen < k and (i <= #a or j <= #b) do
       local x, y = tonumber(a[i]), tonumber(b[j])
       if y == nil or (x ~= nil and x >= y) then kth = x; i = i + 2 else kth = y; j = j + 2 end
+      latest = latest or kth
       seen = seen + 1
     end
-    if seen >= k then at = math.max(now, kth + p + margin) end
+    -- the window's rule, and one period / k after the latest start or reservation, so that
+    -- reserved starts come back one by one rather than k at the same instant
+    if seen >= k then at = math.max(now, kth + p + margin, latest + math.floor(p / k)) end
   end
   if at > now then
     redis.call('ZADD', KEYS[5], at, owner)
@@ -143,30 +142,32 @@ return {1, now}
 """
 
 # THROTTLE_RELEASE — free the caller's concurrency slot at the end of its run (T4: one round
-# trip), and fold the run's duration into the average run ('avg') and the time since the
-# key's previous release into its cadence ('gap', only while runs follow one another: at
-# most two average runs apart), which the waiters' countdowns are made of.
-# KEYS[1] hash, KEYS[2] slots; ARGV[1] owner
+# trip), fold the run's duration into the average run ('avg') the waiters' turns are made
+# of, and hand the slot over to the waiter whose turn comes first (not one that is more than
+# the grace late: it lost its turn): the slot is held for it until its turn + grace, so it is
+# admitted when it comes back, whatever else arrives meanwhile.
+# KEYS[1] hash, KEYS[2] slots, KEYS[3] wait; ARGV[1] owner, ARGV[2] grace ms
 # Returns 1 when the caller's slot was freed, 0 when it held none (gone, or a re-send).
 THROTTLE_RELEASE = """
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local started = tonumber(redis.call('HGET', KEYS[1], 's:' .. ARGV[1]))
 if started then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local took = math.max(1, now - started)
   local avg = tonumber(redis.call('HGET', KEYS[1], 'avg'))
   if avg then took = math.floor(avg * 0.7 + took * 0.3) end
   redis.call('HSET', KEYS[1], 'avg', took)
   redis.call('HDEL', KEYS[1], 's:' .. ARGV[1])
-  local last = tonumber(redis.call('HGET', KEYS[1], 'lr'))
-  if last and now - last <= 2 * took then
-    local gap = tonumber(redis.call('HGET', KEYS[1], 'gap'))
-    local since = math.max(1, now - last)
-    if gap then since = gap * 0.7 + since * 0.3 end
-    redis.call('HSET', KEYS[1], 'gap', since)
-  end
-  redis.call('HSET', KEYS[1], 'lr', now)
+end
+local grace = tonumber(ARGV[2])
+local next = redis.call('ZRANGEBYSCORE', KEYS[3], now - grace, '+inf', 'WITHSCORES',
+                        'LIMIT', 0, 1)
+if next[1] then
+  local due = math.max(now, tonumber(next[2]))
+  redis.call('ZREM', KEYS[3], next[1])
+  redis.call('ZADD', KEYS[2], due + grace, next[1])
+  redis.call('HSET', KEYS[1], 's:' .. next[1], due)
 end
 return 1
 """
