@@ -1,7 +1,7 @@
 """The admin's *Throttles* page (T5) through Django's test client: permissions, the columns
 (job, throttle id, limit, running now, starts in the current window, deferred), search,
-pagination, and a page read at 100,000 throttle keys (Redis; the database store in the slow
-matrix)."""
+pagination, and a page read at 100,000 throttle keys (Redis and the database store on
+PostgreSQL, in the slow matrix: uv run pytest -m matrix)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,7 @@ def _fill_redis(count: int) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.matrix
 @TX
 def test_throttles_page_at_100000_keys_on_redis() -> None:
     """T5: 100,000 throttle keys on Redis: the first page, a later page and a search each
