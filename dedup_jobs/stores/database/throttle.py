@@ -100,13 +100,11 @@ class DatabaseThrottleMixin:
                                else waiting.count()) + 1
                         avg = ThrottleKey.objects.using(self.using).values_list(
                             "avg_run", flat=True).get(pk=pk)
-                        began = [_ts(v) for v in mine.filter(kind=SLOT)
-                                 .values_list("at", flat=True)]
                         if avg is None:  # as long again as the oldest running one so far
-                            avg = max([ASSUMED_RUN, *(now - v for v in began)])
-                        run = avg * 1.2 + 0.01  # as the script: the oldest ends first
-                        first = min([now + run, *(v + run for v in began)])
-                        turn = max(0.0, first - now) + (math.ceil(pos / n) - 1) * run
+                            oldest = mine.filter(kind=SLOT).order_by("at").values_list(
+                                "at", flat=True).first()
+                            avg = max(ASSUMED_RUN, now - _ts(oldest) if oldest else 0.0)
+                        turn = math.ceil(pos / n) * (avg * 1.2 + 0.01)  # as the script
                         wait = min(cap, max(margin, turn))
                         wait += random.random() * min(1.0, 0.01 + wait / 10)
                         self._put(pk, WAIT, owner, now + wait, now + wait + lease)

@@ -73,24 +73,19 @@ if n > 0 then
         pos = redis.call('ZCARD', KEYS[3]) + 1
       end
       local avg = tonumber(redis.call('HGET', KEYS[1], 'avg'))
-      local began = {}
-      for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-        began[#began + 1] = tonumber(redis.call('HGET', KEYS[1], 's:' .. m)) or now
-      end
       if not avg then
         -- no run measured yet: expect the running ones to last as long again as the
         -- oldest has so far (at least the assumed minimum)
         avg = tonumber(ARGV[13])
-        for _, s in ipairs(began) do if now - s > avg then avg = now - s end end
+        for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+          local s = tonumber(redis.call('HGET', KEYS[1], 's:' .. m))
+          if s and now - s > avg then avg = now - s end
+        end
       end
-      -- a run takes a little longer than the average run (a waiter that comes back too
-      -- early costs a deferral more; one that comes late only leaves its slot, handed over
-      -- to it at a release, idle for a moment): the first slot frees when the oldest
-      -- running one is expected to end, then one round of runs per n waiters
-      local run = avg * 1.2 + 10
-      local first = now + run
-      for _, s in ipairs(began) do if s + run < first then first = s + run end end
-      local turn = math.max(0, first - now) + (math.ceil(pos / n) - 1) * run
+      -- rounds of runs, each a little longer than the average run (a waiter that comes
+      -- back too early costs a deferral more; one that comes late only leaves its slot,
+      -- handed over to it at a release, idle for a moment)
+      local turn = math.ceil(pos / n) * (avg * 1.2 + 10)
       local wait = math.min(cap, math.max(margin, turn))
       wait = wait + math.floor(tonumber(ARGV[15]) * math.min(1000, 10 + wait / 10))
       redis.call('ZADD', KEYS[3], now + wait, owner)
