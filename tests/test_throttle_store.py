@@ -14,16 +14,16 @@ from django.test import override_settings
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
 from tests import jobs_throttle
-from tests.conftest import DATABASE_STORE_PARAMS, MARIADB, REDIS_FAMILY, store_fixture
+from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, store_fixture
 from tests.test_stores import delta
 
-#: the default run: django-redis, the database store on SQLite and PostgreSQL; the slow store
-#: matrix (uv run pytest -m matrix) adds Django's RedisCache, django-valkey and MariaDB
+#: the default run: django-redis and the database store on SQLite; the slow store matrix
+#: (uv run pytest -m matrix) adds Django's RedisCache, django-valkey, PostgreSQL and MariaDB
 store_name = store_fixture([
-    REDIS_FAMILY[0], *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
-                       for p in REDIS_FAMILY[1:]),
-    *(p for p in DATABASE_STORE_PARAMS if p is not MARIADB),
-    pytest.param(*MARIADB.values, marks=[*MARIADB.marks, pytest.mark.matrix], id=MARIADB.id),
+    REDIS_FAMILY[0],
+    *(p for p in DATABASE_STORE_PARAMS if p.id == "database-sqlite"),
+    *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
+      for p in [*REDIS_FAMILY[1:], *DATABASE_STORE_PARAMS] if p.id != "database-sqlite"),
 ])
 
 
