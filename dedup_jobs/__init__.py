@@ -1,4 +1,4 @@
-"""Unique, unique-until-processing and debounced Celery jobs for Django."""
+"""Unique, unique-until-processing, debounced and throttled Celery jobs for Django."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.debounced import DebouncedJob
+    from dedup_jobs.jobs.throttled import ThrottledJob
     from dedup_jobs.jobs.unique import UniqueJob, UniqueUntilProcessingJob
 
-__all__ = ["DebouncedJob", "UniqueJob", "UniqueUntilProcessingJob", "__version__"]
+__all__ = ["DebouncedJob", "ThrottledJob", "UniqueJob", "UniqueUntilProcessingJob",
+           "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,4 +30,8 @@ def __getattr__(name: str) -> Any:
         from dedup_jobs.jobs import debounced
 
         return debounced.DebouncedJob
+    if name == "ThrottledJob":
+        from dedup_jobs.jobs import throttled
+
+        return throttled.ThrottledJob
     raise AttributeError(f"module 'dedup_jobs' has no attribute {name!r}")

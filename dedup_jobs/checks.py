@@ -319,6 +319,39 @@ def _no_result(task: Any) -> str:
     return ""
 
 
+def check_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """T1-T3 options each registered job really has (task_annotations or code can change
+    them after the class was validated): E012 a bad concurrency, E013 a rate that does not
+    parse, E014 a throttled job on a store that cannot throttle."""
+    from dedup_jobs.jobs.throttle import concurrency_problem, rate_problem
+    from dedup_jobs.stores import get_store
+
+    messages: list[checks.CheckMessage] = []
+    for task in registered_jobs():
+        problem = concurrency_problem(getattr(task, "concurrency", None))
+        if problem:
+            messages.append(_error(12, f"{task.name}: {problem}",
+                                   f"Set {task.name}.concurrency to 1 or more, or None."))
+        problem = rate_problem(getattr(task, "throttle", None))
+        if problem:
+            messages.append(_error(13, f"{task.name}: {problem}",
+                                   f"Set {task.name}.throttle to e.g. \"10/s\", or None."))
+        if not task.throttled():
+            continue
+        try:
+            alias = task.throttle_alias()
+            store = get_store(alias)
+        except Exception:
+            continue  # an unknown store: reported as E004
+        if not store.can_throttle:
+            messages.append(_error(
+                14, f"{task.name}: its throttle store {alias!r} ({type(store).__name__}) "
+                    f"cannot throttle: only the Redis-family stores and the database store "
+                    f"take a throttle decision in one atomic round trip.",
+                f"Set {task.name}.throttle_via to a Redis cache alias or \"database\"."))
+    return messages
+
+
 def check_migrations(app_configs: Any = None, databases: Any = None,
                      **kwargs: Any) -> list[checks.CheckMessage]:
     """The database store needs the JobLock and PendingDebounce tables (with --database):
@@ -357,4 +390,5 @@ def register() -> None:
     checks.register(check_database_alias, "dedup_jobs")
     checks.register(check_debounce, "dedup_jobs")
     checks.register(check_flow, "dedup_jobs")
+    checks.register(check_throttle, "dedup_jobs")
     checks.register(check_migrations, checks.Tags.database)

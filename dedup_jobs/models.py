@@ -5,7 +5,12 @@ admin's *Job classes* page its place in the app's section (see docs/admin.md).""
 from django.db import models
 
 from dedup_jobs.metrics.models import DecisionCount, KeyCount, StoreError, StoreLatency
-from dedup_jobs.stores.database.models import JobLock, PendingDebounce
+from dedup_jobs.stores.database.models import (
+    JobLock,
+    PendingDebounce,
+    ThrottleEntry,
+    ThrottleKey,
+)
 
 __all__ = [
     "DecisionCount",
@@ -16,6 +21,8 @@ __all__ = [
     "PendingDebounce",
     "StoreError",
     "StoreLatency",
+    "ThrottleEntry",
+    "ThrottleKey",
 ]
 
 

@@ -105,4 +105,5 @@ def _register_class_jobs() -> None:
 _register_class_jobs()
 
 
-from tests import jobs_flow  # noqa: E402, F401 - the flow-control jobs (R1-R3), for workers
+# the flow-control jobs (R1-R3) and the throttled jobs (T1-T5), for workers
+from tests import jobs_flow, jobs_throttle  # noqa: E402, F401

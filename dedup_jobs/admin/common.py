@@ -36,6 +36,7 @@ PAGES = (
     ("overview", "Overview"),
     ("joblock", "Held locks"),
     ("pendingdebounce", "Debounced jobs"),
+    ("throttlekey", "Throttles"),
     ("jobclass", "Job classes"),
 )
 
@@ -215,7 +216,8 @@ def listing(
         if last < number:
             url = request.path + query(request, p=last if last > 1 else None)
             return page, now, {"redirect": url}
-    jobs_of_kind = [j.name for j in jobs if j.dedup_kind == kind]
+    jobs_of_kind = [j.name for j in jobs
+                    if j.dedup_kind == kind or (kind == "throttle" and j.throttled())]
     context = {
         "store": choice,
         "job": job,

@@ -9,6 +9,10 @@
   countdown, same task id, the result untouched;
 - **deferred** (R2, ``without_overlapping``): another run of its key is in progress: published
   again with a countdown, same task id, keeping its lock (``job_deferred``);
+- **throttled** (T2/T3, :func:`admit_throttle`, before the lock check, on every kind): every
+  concurrency slot of its throttle key is taken, or its rate allows no start now: published
+  again (same task id, its lock kept) for when the store says a slot or a start is due
+  (``job_deferred`` reason ``"concurrency"`` / ``"throttle"``);
 - **replaced** (R1): its result is already REVOKED by the dispatch that took its lock over:
   the body never runs and the result is left as it is;
 - **observed** (R3, observe-only): every decision above is taken and reported
@@ -20,7 +24,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
@@ -31,6 +36,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, notify
 from dedup_jobs.jobs.chains import revoke_links
+from dedup_jobs.jobs.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_deferred, lock_acquired, lock_released, unique_job_skipped
 from dedup_jobs.stores.base import BaseStore, Started, new_request_id, running_key
@@ -60,6 +66,7 @@ class Admitted:
     checked: bool = True  # False: the store could not answer (W4), run and release after
     delivery: str | None = None  # this delivery's nonce (W5), kept by the lease (W6)
     marker: JobKey | None = None  # R2: the running marker this run holds (leased, released)
+    slot: Slot | None = None  # T2: the concurrency slot this run holds (leased, released)
 
 
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
@@ -99,6 +106,27 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         # W5: the first delivery ran to its end; this copy is dropped, its result kept.
         logger.info("%s[%s]: redelivered copy of a finished run dropped.", job.name, owner)
         raise Ignore()
+    slot = admit_throttle(job, args, kwargs, lambda countdown: republish(
+        job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered}))
+    try:
+        admitted = check_lock(job, args, kwargs, key, alias, store, header, redelivered)
+    except BaseException:
+        release_slot(job.name, slot)  # the lock check ended it: skipped, put off, deferred
+        raise
+    if not admitted.run or slot is None:
+        release_slot(job.name, slot)  # skipped inside a group or chord: it does not run
+        return admitted
+    return replace(admitted, slot=slot)
+
+
+def check_lock(
+    job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, store: BaseStore,
+    header: dict[str, Any] | None, redelivered: bool,
+) -> Admitted:
+    """W1/W3/W5/R2: the lock check of a message, one store call."""
+    request = job.request
+    owner = str(request.id)
+    observing = job.observing()
     delivery = new_request_id()
     exclusive = job.without_overlapping and job.release_on_start
     try:
@@ -134,6 +162,62 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
                reason="processing")
     return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
                     delivery=delivery, marker=running_key(key) if exclusive else None)
+
+
+def admit_throttle(
+    job: Any, args: Any, kwargs: Any, again: Callable[[float], None]
+) -> Slot | None:
+    """T2/T3, the throttle stage of every kind (ThrottledJob, and the unique and debounced
+    kinds with throttle options), in one store call (``store.throttle_admit``). Admitted:
+    the run goes on, holding the returned slot (``concurrency``) or nothing (a rate alone
+    touches the store only here). Deferred: ``job_deferred`` is sent and ``again(countdown)``
+    publishes the message once more (same task id: its ``AsyncResult`` resolves when it
+    runs) for when the store's answer says a slot or a start is due; then Ignore is raised,
+    the worker process is free meanwhile. Unthrottled (W4, when in doubt, run): no key, a
+    store that cannot throttle, or a store that cannot answer."""
+    if not job.throttled():
+        return None
+    request = job.request
+    owner = str(request.id)
+    try:
+        key, alias = job.throttle_key(args, kwargs), job.throttle_alias()
+        store = job.store(alias)
+        rate = parse_rate(job.throttle)
+    except Exception:
+        logger.warning("%s[%s]: no throttle key could be computed; running unthrottled.",
+                       job.name, owner, exc_info=True)
+        return None
+    if not store.can_throttle:
+        logger.warning("%s[%s]: store %r cannot throttle (see docs/throttling.md); running "
+                       "unthrottled.", job.name, owner, alias)
+        return None
+    concurrency = int(job.concurrency or 0)
+    try:
+        answer = store.throttle_admit(
+            key, owner, delivery=new_request_id(), concurrency=concurrency,
+            rate_limit=rate.limit if rate else 0, rate_period=rate.period if rate else 1.0,
+            lease=app_settings.LEASE_SECONDS)
+    except StoreUnavailable:
+        logger.warning("%s[%s]: store %r unavailable at the throttle check; running "
+                       "unthrottled.", job.name, owner, alias, exc_info=True)
+        return None
+    if answer.admitted:
+        return Slot(store=store, key=key, owner=owner, limit=concurrency) if concurrency else None
+    # The store's answer holds the jitter (T2: up to a quarter of a wait for a slot, at most
+    # 1 s, part of the waiter's turn; T3: none, the reserved start times are spread already)
+    wait = max(0.0, answer.until - clock.now())
+    observing = bool(getattr(job, "observing", lambda: False)())
+    metrics.decision(job.name, "deferred", key.key)
+    notify(job_deferred, type(job), task_id=owner, key=key.key, reason=answer.reason,
+           until=clock.now() + wait, observed=observing)
+    if observing:
+        logger.info("%s[%s]: observe-only: would have waited %.2fs (%s of %s); runs now.",
+                    job.name, owner, wait, answer.reason, key.key)
+        return None
+    logger.info("%s[%s]: %s limit of %s reached; this message waits %.2fs.", job.name, owner,
+                answer.reason, key.key, wait)
+    again(wait)
+    raise Ignore()
 
 
 def replaced(job: UniqueJob, task_id: str) -> bool:

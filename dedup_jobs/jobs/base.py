@@ -15,6 +15,7 @@ from django.dispatch import Signal
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
+from dedup_jobs.jobs.throttle import ThrottleOptions
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -65,8 +66,9 @@ def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
             )
 
 
-class DedupJob(DjangoTask):  # type: ignore[type-arg]
-    """Base of the three job kinds. Not used directly."""
+class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
+    """Base of the job kinds. Not used directly. Every kind takes the throttle options
+    (``jobs/throttle.py``, T1)."""
 
     #: "unique" or "debounce": set by each kind; a class that is both is refused (U0)
     dedup_kind: ClassVar[str] = ""
@@ -89,12 +91,21 @@ class DedupJob(DjangoTask):  # type: ignore[type-arg]
     @classmethod
     def validate_options(cls) -> None:
         """Raise InvalidJobConfiguration for options that cannot work. Extended per kind."""
-        fields = getattr(cls, cls._key_fields_option, None)
+        cls.validate_throttle(cls._job_label())
+        cls._check_fields(cls._key_fields_option)
+        if cls._key_fields_option != "throttle_on":
+            cls._check_fields("throttle_on")
+
+    @classmethod
+    def _check_fields(cls, option: str) -> None:
+        """The argument names of ``option`` (unique_on, debounce_on, throttle_on) must be
+        arguments of run."""
+        fields = getattr(cls, option, None)
         if fields is None:
             return
         if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
             raise InvalidJobConfiguration(
-                f"{cls._job_label()}: {cls._key_fields_option} = {fields!r} must be a tuple "
+                f"{cls._job_label()}: {option} = {fields!r} must be a tuple "
                 f"of argument names, e.g. ({fields!r},)."
             )
         params = _run_parameters(cls)
@@ -105,7 +116,7 @@ class DedupJob(DjangoTask):  # type: ignore[type-arg]
         unknown = [f for f in fields if f not in names]
         if unknown and not accepts_any:
             raise InvalidJobConfiguration(
-                f"{cls._job_label()}: {cls._key_fields_option} names {unknown!r}, which "
+                f"{cls._job_label()}: {option} names {unknown!r}, which "
                 f"run() does not take. Its arguments are {names!r}."
             )
 

@@ -26,9 +26,10 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs import chains
 from dedup_jobs.jobs.absorbed import FAILURE, REVOKED, SUCCESS, record_outcome, remember_chain
-from dedup_jobs.jobs.admission import finished, is_redelivered
+from dedup_jobs.jobs.admission import admit_throttle, finished, is_redelivered
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.rollback import rollbacks
+from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.base import CLAIMED, WAIT, BaseStore, encode_call
@@ -311,15 +312,22 @@ class DebouncedJob(DedupJob):
     def _reschedule(self, args: Any, kwargs: Any, header: dict[str, Any], until: float) -> None:
         """A later dispatch moved the burst: this message re-publishes itself (same id) for
         when the burst is due, and ends without a result."""
-        countdown = max(0.0, until - clock.now())
         metrics.decision(self.name, "deferred")
+        self._again(args, kwargs, max(0.0, until - clock.now()),
+                    lambda options: self.with_header(options, header))
+        raise Ignore()
+
+    def _wait_claimed(self, args: Any, kwargs: Any, countdown: float) -> None:
+        """Publish the claimed burst again (same id) to run after ``countdown`` (T2/T3)."""
+        self._again(args, kwargs, countdown, self._retry_options)
+
+    def _again(self, args: Any, kwargs: Any, countdown: float, finish: Any) -> None:
         signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
         options = dict(signature.options)
         task_id = options.pop("task_id", None) or self.request.id
         options.pop("eta", None)
-        options = self.with_header({**options, "countdown": countdown}, header)
+        options = finish({**options, "countdown": countdown})
         super().apply_async(args, kwargs, task_id, **options)
-        raise Ignore()
 
     def _run_burst(
         self, args: Sequence[Any], kwargs: dict[str, Any], others: list[str], winner: str | None
@@ -332,8 +340,13 @@ class DebouncedJob(DedupJob):
         request.dedup_absorbed = others  # type: ignore[attr-defined]
         request.dedup_winner = winner  # type: ignore[attr-defined]
         keep = not (self.ignore_result or request.ignore_result)
+        # T2/T3: the claimed burst waits for a slot or a start, re-published with its
+        # latest arguments, claimed (later dispatches start a new burst, as during a run)
+        slot = admit_throttle(self, args, kwargs, lambda countdown: self._wait_claimed(
+            args, kwargs, countdown))
         try:
-            result = self.run(*args, **kwargs)
+            with holding(slot, type(self), request):
+                result = self.run(*args, **kwargs)
         except (Retry, Ignore):
             raise  # a retry carries ``others`` in its header; Ignore means hands off
         except Reject as exc:

@@ -49,6 +49,7 @@ class _Lease:
     ttl: float
     sender: type  # the task class: sender of lock_lost
     delivery: str | None  # the nonce of this delivery's start (W5), kept when taken back
+    slot_limit: int = 0  # T2: a concurrency slot of a throttle key (of this many), not a lock
     due: float = field(default=0.0)  # time.monotonic() of the next renewal
 
 
@@ -87,13 +88,15 @@ class LeaseKeeper:
     @contextmanager
     def hold(
         self, store: BaseStore, key: JobKey, owner: str, ttl: float, *, sender: type,
-        delivery: str | None = None,
+        delivery: str | None = None, slot_limit: int = 0,
     ) -> Iterator[None]:
         """Renew ``owner``'s lock at ``key`` for ``ttl`` seconds at a time while the block
-        runs. When the block ends no renewal of it is under way or will start, so the caller
+        runs (with ``slot_limit``: ``owner``'s concurrency slot of the throttle key ``key``,
+        T2). When the block ends no renewal of it is under way or will start, so the caller
         may release the lock right after (a renewal never takes back a finished job's lock)."""
         lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, sender=sender,
-                       delivery=delivery, due=time.monotonic() + ttl / 3)
+                       delivery=delivery, slot_limit=slot_limit,
+                       due=time.monotonic() + ttl / 3)
         with self._mutex:
             self._next_token += 1
             token = self._next_token
@@ -218,9 +221,13 @@ class LeaseKeeper:
         """One renewal; what to log and send about it."""
         key, owner = lease.key.key, lease.owner
         try:
-            renewed = self._store(lease.store).renew(
-                lease.key, owner, lease.ttl, now=clock.now(), delivery=lease.delivery
-            )
+            if lease.slot_limit:
+                renewed = self._store(lease.store).throttle_renew(
+                    lease.key, owner, lease.ttl, limit=lease.slot_limit)
+            else:
+                renewed = self._store(lease.store).renew(
+                    lease.key, owner, lease.ttl, now=clock.now(), delivery=lease.delivery
+                )
         except Exception:
             # Store errors: try again at the next interval.
             return [partial(
@@ -237,6 +244,12 @@ class LeaseKeeper:
                 key, owner,
             )]
         lease.due = math.inf  # another owner's now: stop renewing, never touch its lock
+        if lease.slot_limit:
+            return [partial(
+                logger.warning,
+                "The concurrency slot of running task %s at %s lapsed and every slot is "
+                "taken now: its body keeps running, beside the limit.", owner, key,
+            )]
         return [
             partial(
                 logger.warning,

@@ -69,6 +69,8 @@ def store_aliases(jobs: list[DedupJob]) -> list[str]:
     for job in jobs:
         try:
             aliases.append(job.store_alias())
+            if job.throttled():
+                aliases.append(job.throttle_alias())
         except Exception:  # a failing via() is reported by the system checks
             continue
     aliases.append(DATABASE)

@@ -18,11 +18,12 @@ from celery.result import AsyncResult
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs.admission import OBSERVED, admit
+from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.rollback import rollbacks
+from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
@@ -256,6 +257,11 @@ class UniqueJob(DedupJob):
         admitted = admit(self, args, kwargs)  # skipped, put off or dropped: raises Ignore
         if not admitted.run:
             return None  # skipped inside a group or chord (W3): done, with None
+        with holding(admitted.slot, type(self), request):  # T2: its concurrency slot
+            return self._run_admitted(admitted, args, kwargs)
+
+    def _run_admitted(self, admitted: Admitted, args: Any, kwargs: Any) -> Any:
+        request = self.request
         store, key, alias, owner = admitted.store, admitted.key, admitted.alias, admitted.owner
         if store is None or key is None:
             return self.run(*args, **kwargs)  # no key could be computed (W4)

@@ -102,6 +102,33 @@ class Debounced:
     superseded: str | None = None  # the previous latest dispatch, superseded by the caller
 
 
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """The answer of :meth:`BaseStore.throttle_admit` (T2-T4)."""
+
+    admitted: bool
+    reason: str = ""  # deferred: "concurrency" or "throttle"
+    until: float = 0.0  # deferred: when to try again (epoch seconds, the store's clock)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThrottleState:
+    """A throttle key as the admin's Throttles page lists it (T5)."""
+
+    key: str
+    task_name: str
+    ident: str  # the readable throttle id
+    limit: str  # e.g. "concurrency 2, 10/s"
+    running: int  # concurrency slots held now
+    starts: int  # starts in the current window of the rate
+    deferred: int  # deferred messages waiting for a slot or a start
+    store: str
+
+
+#: seconds a deferred message may come back late before its turn passes to the next one
+THROTTLE_GRACE = 2.0
+
+
 #: seconds: a debounce message whose timer fires this much before the burst is due runs
 DUE_TOLERANCE = 0.025
 
@@ -275,6 +302,42 @@ class BaseStore(ABC):
         (``released``) and take the marker, running, for ``lease`` seconds (renewed and
         released like a lock, through :meth:`renew` and :meth:`release` on ``running``)."""
         raise NotImplementedError(f"{self!r} cannot keep runs from overlapping")
+
+    # -- throttling (T2-T5) ----------------------------------------------------------------
+
+    #: the store can throttle (T4: one atomic round trip per admission)
+    can_throttle: bool = False
+
+    def throttle_admit(
+        self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
+        rate_period: float, lease: float,
+    ) -> Admission:
+        """T2/T3, atomically, on the store's clock: admit ``owner`` (a task id) to run under
+        the throttle key ``key``, or defer it. ``concurrency`` (0: none): a slot free (or
+        ``owner``'s already: a retry, a re-send) → taken for ``lease`` seconds (renewed by
+        :meth:`throttle_renew`, freed by :meth:`throttle_release`); all taken → deferred,
+        ``until`` = when its turn is estimated, queued behind earlier waiters, at most a
+        third of ``lease`` later. ``rate_limit`` per ``rate_period`` seconds (0: none):
+        fewer than that many starts in the last period and nobody waiting ahead → the start
+        is recorded (as ``delivery``, so a re-send answers the same, S7); else a start time
+        is reserved for ``owner`` and ``until`` names it."""
+        raise NotImplementedError(f"{self!r} cannot throttle")
+
+    def throttle_release(self, key: JobKey, owner: str) -> bool:
+        """Free ``owner``'s concurrency slot of ``key`` (True if it held one)."""
+        raise NotImplementedError(f"{self!r} cannot throttle")
+
+    def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
+        """The lease of a slot: extend ``owner``'s slot to ``ttl`` seconds from now; gone
+        (expired) → taken back if fewer than ``limit`` are held (``retaken``); else not held."""
+        raise NotImplementedError(f"{self!r} cannot throttle")
+
+    def throttle_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[ThrottleState]:
+        """Throttle keys ``offset`` to ``offset + limit`` (most recently used first),
+        narrowed as :meth:`lock_page` (T5)."""
+        raise NotImplementedError(f"{self!r} cannot throttle")
 
     @abstractmethod
     def get(self, key: JobKey) -> LockInfo | None:

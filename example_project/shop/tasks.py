@@ -17,6 +17,10 @@
 - ``sync_stock``: ``UniqueUntilProcessingJob`` with ``without_overlapping = True``. Two syncs
   of one warehouse must never run at once, and a trigger that arrives during a sync must not be
   lost: it waits for the running sync and runs after it (one running, at most one queued).
+- ``sync_supplier_stock``: ``ThrottledJob``. Each supplier's stock API allows 2 calls per
+  second; every product page view may ask for a refresh. The calls of one supplier start at
+  most 2 per second across every worker (the excess waits, re-published, never dropped);
+  another supplier is not held back.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from django.core.mail import send_mail
 from django.db.models import F
 from django.utils import timezone
 
-from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
+from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob, UniqueUntilProcessingJob
 from example_project.celery import app
 from example_project.shop.models import Invoice, Order, Product, ProductFeed, StockSync
 
@@ -122,3 +126,7 @@ def sync_stock(warehouse: str, trigger: int = 0) -> str:
         warehouse=warehouse, trigger=trigger, started_at=started, finished_at=timezone.now()
     )
     return f"stock of {warehouse!r} synced (trigger {trigger})"
+@shared_task(base=ThrottledJob, throttle="2/s", throttle_on=("supplier",))
+def sync_supplier_stock(supplier: str, sku: str = "") -> str:
+    """Ask one supplier's stock API about one article (2 calls per second per supplier)."""
+    return f"{supplier}: stock of {sku or 'everything'} synced"

@@ -81,3 +81,46 @@ class PendingDebounce(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.ident}] x{self.count}, runs at {self.runs_at}"
+
+
+class ThrottleKey(models.Model):
+    """One throttle key of the database store (T2-T5): the row every admission decision of
+    the key locks first (so decisions of one key are serialized), with what the admin shows.
+    Its slots, waiters, starts and reservations are :class:`ThrottleEntry` rows."""
+
+    key = models.CharField(max_length=512, unique=True)
+    task_name = models.CharField(max_length=255, db_index=True)
+    ident = models.TextField("throttle id", blank=True)
+    limit = models.CharField(max_length=64, blank=True)
+    period = models.FloatField(default=0.0)  # seconds of the rate's window; 0: no rate
+    avg_run = models.FloatField(null=True)  # seconds: average run (waiters' countdowns)
+    expires_at = models.DateTimeField(db_index=True)  # unused this long: gone
+
+    class Meta:
+        app_label = "dedup_jobs"
+        verbose_name = "throttle"
+        verbose_name_plural = "throttles"
+        ordering = ("expires_at",)
+
+    def __str__(self) -> str:
+        return f"{self.task_name}[{self.ident}] {self.limit}"
+
+
+class ThrottleEntry(models.Model):
+    """A concurrency slot (``slot``: ``at`` its start, ``expires_at`` its lease), a message
+    waiting for one (``wait``: ``at`` when it comes back), a start (``start``, member = the
+    delivery nonce) or a reserved start (``res``, ``at`` its time) of a throttle key."""
+
+    throttle = models.ForeignKey(ThrottleKey, on_delete=models.CASCADE, related_name="entries")
+    kind = models.CharField(max_length=8)
+    member = models.CharField(max_length=255)
+    at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "dedup_jobs"
+        constraints = [models.UniqueConstraint(fields=["throttle", "kind", "member"],
+                                               name="dedup_jobs_throttle_entry")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.member}"

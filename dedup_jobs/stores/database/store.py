@@ -39,6 +39,7 @@ from dedup_jobs.stores.database.flow import DatabaseFlowMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
 from dedup_jobs.stores.database.servertime import server_later, server_now
+from dedup_jobs.stores.database.throttle import DatabaseThrottleMixin
 from dedup_jobs.stores.search import Search
 
 logger = logging.getLogger("dedup_jobs")
@@ -55,7 +56,8 @@ def _deadlock(exc: DatabaseError) -> bool:
     return bool(exc.args and exc.args[0] == 1213) or getattr(cause, "sqlstate", None) == "40P01"
 
 
-class DatabaseStore(DatabaseFlowMixin, RowLockingMixin, DatabaseDebounceMixin, BaseStore):
+class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
+                    DatabaseDebounceMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:

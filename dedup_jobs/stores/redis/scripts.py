@@ -358,6 +358,14 @@ local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
 return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
 """
 
+# THROTTLE_ADMIT, THROTTLE_RELEASE, THROTTLE_RENEW — throttling (T2-T4), in a module of
+# their own (their keys, arguments and answers are stated there).
+from dedup_jobs.stores.redis.throttle_scripts import (  # noqa: E402, F401
+    THROTTLE_ADMIT,
+    THROTTLE_RELEASE,
+    THROTTLE_RENEW,
+)
+
 #: SHA1 of every script above, for EVALSHA (computed once, at import)
 SHA = {
     name: hashlib.sha1(body.encode("utf-8")).hexdigest()

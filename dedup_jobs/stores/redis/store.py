@@ -31,9 +31,10 @@ from dedup_jobs.stores.cache import backend_path
 from dedup_jobs.stores.redis.adapters import adapter_for
 from dedup_jobs.stores.redis.connection import RedisConnection, _text
 from dedup_jobs.stores.redis.listing import RedisListing
+from dedup_jobs.stores.redis.throttle import RedisThrottleMixin
 
 
-class RedisStore(RedisListing, RedisConnection, BaseStore):
+class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     """Locks on a Redis-protocol cache: django-redis, Django's own RedisCache, django-valkey
     (each reached through its adapter, ``adapters.py``)."""
 

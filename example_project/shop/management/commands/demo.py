@@ -25,6 +25,7 @@ from django.db import connections
 
 from example_project.celery import app
 from example_project.shop import demo_flow, tasks
+from example_project.shop.demo_throttle import part_throttle
 from example_project.shop.demo_timeline import (
     FINISHED,
     PUBLISHED,
@@ -133,6 +134,7 @@ class Command(BaseCommand):
                         self.part_until_processing(order)
                         self.part_debounce()
                         demo_flow.run_parts(self, first_number=4)
+                        part_throttle(self)
                     finally:
                         # A warm shutdown through the broker: the worker stops at once
                         # instead of finishing its current 2-second broker poll.

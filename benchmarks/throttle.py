@@ -1,0 +1,121 @@
+"""Throttle benchmark (Deliver 6 of issue 15; SPEC T2-T4): prints a table, asserts nothing.
+
+1,000 messages of one hot throttle key, dispatched at once, drained by a prefork worker with
+4 processes on the Redis store and the Redis broker; counted on the Redis server (MONITOR, in
+a thread): the store's EVALSHAs per script (admissions, slot releases, renewals) and the
+broker's LPUSHes onto the queue (the first publish of every message plus every deferral).
+
+- ``concurrency=2``, a 50 ms body: the drain takes >= 1,000 x 0.05 / 2 = 25 s;
+- ``throttle="10/s"``, an empty body: the drain takes >= 99.9 s (100 windows of 10 starts).
+
+Run (it flushes Redis databases 9-12 of DEDUP_JOBS_TEST_REDIS, like the tests; use a Redis
+of your own):
+    DEDUP_JOBS_TEST_REDIS=redis://127.0.0.1:<port> DEDUP_JOBS_TEST_QUEUE=bench_throttle \\
+        uv run python benchmarks/throttle.py [--messages 1000] [--only concurrency|rate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import redis  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from tests import jobs_throttle  # noqa: E402
+from tests.celery_app import app  # noqa: E402
+from tests.throttle_support import ServerCounts  # noqa: E402
+from tests.workers import process_worker  # noqa: E402
+
+BODY = 0.02  # seconds, the concurrency case's body
+
+
+def flush() -> None:
+    for db in (9, 10, 11, 12):
+        redis.Redis.from_url(f"{settings.REDIS_URL}/{db}").flushdb()
+
+
+def drain(case: str, messages: int) -> dict[str, Any]:
+    """Dispatch ``messages`` of one key at once, wait for every result, count on the server."""
+    flush()
+    queue = app.conf.task_default_queue
+    counts = ServerCounts(store_db=9, broker_db=10, queue=queue)
+    env = {"DJANGO_SETTINGS_MODULE": "tests.settings_throttle", "DEDUP_JOBS_TEST_LEASE": "60",
+           "DEDUP_JOBS_TEST_FLOW_STORE": "redis"}
+    if case == "concurrency":
+        task: Any = jobs_throttle.bench_two_at_once
+        def one(i: int) -> Any:
+            return task.delay(tag=i, seconds=BODY)
+        limit = "concurrency=2"
+    else:
+        task = jobs_throttle.bench_ten_per_second
+        def one(i: int) -> Any:
+            return task.delay(tag=i)
+        limit = 'throttle="10/s"'
+    seconds: list[float] = []
+    with process_worker(concurrency=4, env=env):
+        task.delay(tag=-1).get(timeout=60) if case == "concurrency" else None
+        time.sleep(1.1)
+
+        def run() -> None:
+            began = time.monotonic()
+            results = [one(i) for i in range(messages)]
+            for result in results:
+                result.get(timeout=600)
+            seconds.append(time.monotonic() - began)
+
+        counts.run(run)
+    extra = 1 if case == "concurrency" else 0  # the warm-up message, sent before counting
+    del extra
+    return {
+        "limit": limit, "messages": messages, "seconds": seconds[0],
+        "admissions": counts.scripts["THROTTLE_ADMIT"],
+        "releases": counts.scripts["THROTTLE_RELEASE"],
+        "renewals": counts.scripts["THROTTLE_RENEW"],
+        "other": sum(counts.other_store.values()),
+        "published": counts.published,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=1000)
+    parser.add_argument("--only", choices=("concurrency", "rate"))
+    options = parser.parse_args()
+    cases = [options.only] if options.only else ["concurrency", "rate"]
+    rows = [drain(case, options.messages) for case in cases]
+    head = ("limit", "messages", "drain s", "admissions", "releases", "renewals",
+            "store calls", "per msg", "broker msgs", "per msg", "deferrals", "per msg")
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for row in rows:
+        n = row["messages"]
+        calls = row["admissions"] + row["releases"] + row["renewals"] + row["other"]
+        deferrals = row["admissions"] - n
+        print("| " + " | ".join([
+            row["limit"], str(n), f"{row['seconds']:.1f}", str(row["admissions"]),
+            str(row["releases"]), str(row["renewals"]), str(calls), f"{calls / n:.2f}",
+            str(row["published"]), f"{row['published'] / n:.2f}", str(deferrals),
+            f"{deferrals / n:.2f}",
+        ]) + " |")
+    print()
+    print("store calls = admissions + releases + renewals (+ any other command on the store's "
+          "database); broker msgs = LPUSH onto the queue (1 per message + 1 per deferral); "
+          "deferrals = admissions - messages. Budget (issue 15): <= 3 store calls and <= 3 "
+          "broker messages per message over the whole drain.")
+
+
+if __name__ == "__main__":
+    main()

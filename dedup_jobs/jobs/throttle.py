@@ -1,0 +1,180 @@
+"""Throttling options of every dedup kind (SPEC section 10, T1-T3): ``concurrency``,
+``throttle``, ``throttle_on`` / ``throttle_id()``, ``throttle_via``.
+
+What lives here: the options and their validation, the rate parser, the throttle key of a
+message (``{KEY_PREFIX}:throttle:{task name}:{throttle id}``, built by
+:func:`dedup_jobs.keys.build_key` like every other key) and the holding of a concurrency slot
+while the body runs (leased like a lock, released at the end, kept across a retry). Where a
+message is admitted or deferred: :func:`dedup_jobs.jobs.admission.admit_throttle`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from celery.exceptions import Retry
+
+from dedup_jobs import keys
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId, StoreUnavailable
+from dedup_jobs.keys import JobKey
+
+#: seconds per period letter of Celery's rate syntax
+PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rate:
+    """``throttle = "K/s"``: at most ``limit`` starts in any window of ``period`` seconds."""
+
+    limit: int
+    period: float
+
+    def __str__(self) -> str:
+        letter = {v: k for k, v in PERIODS.items()}[self.period]
+        return f"{self.limit}/{letter}"
+
+
+def rate_problem(value: Any) -> str | None:
+    """Why ``throttle = value`` cannot work (a sentence naming it), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or _RATE.match(value) is None:
+        return (f"throttle = {value!r} is not a rate: write \"K/s\", \"K/m\" or \"K/h\" "
+                f"(K a whole number of starts above 0, e.g. \"10/s\"), as Celery's rate_limit.")
+    if int(_RATE.match(value).group(1)) < 1:  # type: ignore[union-attr]
+        return f"throttle = {value!r} allows no start at all: K must be 1 or more."
+    return None
+
+
+def parse_rate(value: str | None) -> Rate | None:
+    """The rate of a ``throttle`` option (None: no rate limit). Raises ValueError naming a
+    value that is not one."""
+    if value is None:
+        return None
+    problem = rate_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    found = _RATE.match(value)
+    assert found is not None
+    return Rate(limit=int(found.group(1)), period=PERIODS[found.group(2)])
+
+
+def concurrency_problem(value: Any) -> str | None:
+    """Why ``concurrency = value`` cannot work, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return (f"concurrency = {value!r} must be a whole number of runs at once, 1 or "
+                f"more (None: no concurrency limit).")
+    return None
+
+
+class ThrottleOptions:
+    """The throttle options, mixed into every dedup kind (T1). Both limits are off (None)
+    unless set; with neither, a job is not throttled and pays nothing for it."""
+
+    #: T2: at most this many runs of one throttle key at once, across all workers
+    concurrency: int | None = None
+    #: T3: "K/s", "K/m" or "K/h": at most K starts per period of one throttle key
+    throttle: str | None = None
+    #: argument names that form the throttle id (default: none, one limit for the job)
+    throttle_on: tuple[str, ...] | None = None
+    #: a CACHES alias or "database" (attribute, or a method returning it); default the STORE
+    throttle_via: Any = None
+
+    name: str
+
+    @classmethod
+    def validate_throttle(cls, label: str) -> None:
+        """Raise InvalidJobConfiguration for throttle options that cannot work."""
+        for problem in (concurrency_problem(cls.concurrency), rate_problem(cls.throttle)):
+            if problem:
+                raise InvalidJobConfiguration(f"{label}: {problem}")
+        fields = cls.throttle_on
+        if fields is not None and (
+                isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
+            raise InvalidJobConfiguration(
+                f"{label}: throttle_on = {fields!r} must be a tuple of argument names, e.g. "
+                f"({fields!r},).")
+
+    def throttled(self) -> bool:
+        return self.concurrency is not None or self.throttle is not None
+
+    def throttle_alias(self) -> str:
+        via = self.throttle_via
+        if callable(via):
+            via = via()
+        return str(via) if via else app_settings.STORE
+
+    def throttle_key(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> JobKey:
+        """T1: the throttle key of a call: ``throttle_id()``, else the ``throttle_on``
+        arguments, else the task name alone (one limit for the whole job)."""
+        hook = getattr(self, "throttle_id", None)
+        if hook is not None:
+            ident, source = str(hook(*(args or ()), **(kwargs or {}))), "throttle_id()"
+        elif self.throttle_on:
+            run: Any = getattr(self, "run")  # noqa: B009
+            ident = keys.default_id(self.name, run, args, kwargs, self.throttle_on,
+                                    "throttle_id")
+            source = f"throttle_on = {tuple(self.throttle_on)!r}"
+        else:
+            ident, source = self.name, "the task name"
+        problem = keys.id_problem(ident)
+        if problem is not None:
+            raise InvalidJobId(self.name, source, ident, problem)
+        return keys.build_key("throttle", self.name, ident)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slot:
+    """A concurrency slot a run holds (T2): leased while the body runs, released after."""
+
+    store: Any  # BaseStore
+    key: JobKey
+    owner: str
+    limit: int
+
+
+def release_slot(job_name: str, slot: Slot | None) -> None:
+    """Free ``slot`` (None: nothing to free): its run ended, or it does not run after all."""
+    if slot is None:
+        return
+    try:
+        slot.store.throttle_release(slot.key, slot.owner)
+    except StoreUnavailable:
+        logging.getLogger("dedup_jobs").warning(
+            "%s[%s]: could not release its slot of %s; it frees within LEASE_SECONDS.",
+            job_name, slot.owner, slot.key.key, exc_info=True)
+
+
+@contextmanager
+def holding(slot: Slot | None, sender: type, request: Any) -> Iterator[None]:
+    """Run the block holding ``slot`` (None: nothing to hold): renewed by the lease thread
+    every third of LEASE_SECONDS (a SIGKILLed worker's slot frees within LEASE_SECONDS),
+    released when the block ends, except by a retry (the retry, same task id, keeps it, as
+    a unique lock is kept; if the retry does not come back in time its lease runs out)."""
+    if slot is None:
+        yield
+        return
+    from dedup_jobs.jobs.lease import leases
+
+    keep = False
+    try:
+        with leases.hold(slot.store, slot.key, slot.owner, app_settings.LEASE_SECONDS,
+                         sender=sender, slot_limit=slot.limit):
+            yield
+    except Retry:
+        keep = True
+        raise
+    finally:
+        keep = keep or bool(getattr(request, "dedup_handed_over", False)
+                            or getattr(request, "dedup_slot_kept", False))
+        if not keep:
+            release_slot(str(getattr(sender, "name", sender)), slot)

@@ -1,0 +1,232 @@
+"""Throttling on the database store (T2-T5): each admission decision is one transaction that
+first locks the throttle key's ``ThrottleKey`` row (an UPDATE: a row lock on PostgreSQL and
+MariaDB/MySQL, the write lock on SQLite), so decisions of one key are serialized, then reads
+and writes its ``ThrottleEntry`` rows. Times are the database server's clock, read in that
+transaction (S3). The rules are those of the Redis script (``stores/redis/throttle_scripts.py``):
+concurrency slots are leases; the rate is a sliding window log of starts and reservations."""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
+
+from dedup_jobs import clock
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
+from dedup_jobs.stores.database.models import ThrottleEntry, ThrottleKey
+from dedup_jobs.stores.database.servertime import ServerNow
+from dedup_jobs.stores.throttling import ASSUMED_RUN, limit_text, margin_ms
+
+SLOT, WAIT, START, RES = "slot", "wait", "start", "res"
+#: attempts when the key's row is created by another decision at the same time
+ATTEMPTS = 5
+
+
+def _ts(value: datetime) -> float:
+    if value.tzinfo is None:
+        from django.utils import timezone
+
+        value = timezone.make_aware(value, timezone.get_default_timezone())
+    return value.timestamp()
+
+
+_dt = clock.db_datetime
+
+
+class DatabaseThrottleMixin:
+    """``throttle_*`` for :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
+
+    alias: str
+    _guard: Any
+    can_throttle = True
+
+    @property
+    def using(self) -> str:
+        raise NotImplementedError
+
+    def _lock_key(self, key: JobKey, limit: str, period: float, ttl: float) -> tuple[int, float]:
+        """Lock the key's row (creating it if needed): (its pk, the server's now)."""
+        rows = ThrottleKey.objects.using(self.using)
+        for _ in range(ATTEMPTS):
+            if rows.filter(key=key.key).update(expires_at=ServerNow(ttl), limit=limit,
+                                               period=period):
+                row = rows.annotate(server_now=ServerNow()).values_list(
+                    "pk", "server_now").get(key=key.key)
+                return int(row[0]), _ts(row[1])
+            try:
+                with transaction.atomic(using=self.using):
+                    rows.create(key=key.key, task_name=key.task_name, ident=key.ident,
+                                limit=limit, period=period, expires_at=ServerNow(ttl))
+            except IntegrityError:
+                continue  # made meanwhile: lock it
+        raise StoreUnavailable(self.alias, f"throttle key {key.key!r} kept changing")
+
+    def throttle_admit(
+        self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
+        rate_period: float, lease: float,
+    ) -> Admission:
+        return self._guard(  # type: ignore[no-any-return]
+            self._admit, key, owner, delivery, concurrency, rate_limit, rate_period, lease)
+
+    def _admit(self, key: JobKey, owner: str, delivery: str, n: int, k: int, p: float,
+               lease: float) -> Admission:
+        cap, grace, margin = lease / 3, THROTTLE_GRACE, margin_ms(k, p) / 1000
+        ttl = max(lease, p) + cap + 2 * grace
+        entries = ThrottleEntry.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            pk, now = self._lock_key(key, limit_text(n, k, p), p if k else 0.0, ttl)
+            mine = entries.filter(throttle_id=pk)
+            mine.filter(expires_at__lte=_dt(now)).delete()
+            if k and mine.filter(kind=START, member=delivery).exists():
+                return Admission(admitted=True)  # a re-send (S7)
+            holds = False
+            if n:
+                holds = mine.filter(kind=SLOT, member=owner).exists()
+                if not holds:
+                    waiting = mine.filter(kind=WAIT)
+                    at = waiting.filter(member=owner).values_list("at", flat=True).first()
+                    me = _ts(at) if at is not None else None
+                    fresh = waiting.filter(at__gte=_dt(now - grace))
+                    ahead = (fresh.filter(at__lt=_dt(me)) if me is not None
+                             else fresh.filter(at__lte=_dt(now))).count()
+                    if mine.filter(kind=SLOT).count() + ahead >= n:
+                        pos = (waiting.filter(at__lt=_dt(me)).count() if me is not None
+                               else waiting.count()) + 1
+                        avg = ThrottleKey.objects.using(self.using).values_list(
+                            "avg_run", flat=True).get(pk=pk)
+                        if avg is None:  # as long again as the oldest running one so far
+                            oldest = mine.filter(kind=SLOT).order_by("at").values_list(
+                                "at", flat=True).first()
+                            avg = max(ASSUMED_RUN, now - _ts(oldest) if oldest else 0.0)
+                        turn = math.ceil(pos / n) * (avg * 1.2 + 0.01)  # as the script
+                        wait = min(cap, max(margin, turn))
+                        wait += random.random() * min(1.0, 0.01 + wait / 10)
+                        self._put(pk, WAIT, owner, now + wait, now + wait + lease)
+                        mine.filter(kind=RES, member=owner).delete()
+                        return Admission(admitted=False, reason="concurrency",
+                                         until=clock.now() + wait)
+            if k:
+                reserved = mine.filter(kind=RES, member=owner).values_list(
+                    "at", flat=True).first()
+                r = _ts(reserved) if reserved is not None else None
+                if r is not None and r > now + margin / 2:
+                    mine.filter(kind=WAIT, member=owner).delete()
+                    return Admission(admitted=False, reason="throttle",
+                                     until=clock.now() + r - now)
+                starts = mine.filter(kind=START, at__gt=_dt(now - p))
+                count = starts.count()
+                start_at = now
+                if not (r is not None and count < k):  # behind every reservation (script)
+                    if r is not None:
+                        mine.filter(kind=RES, member=owner).delete()
+                    latest = [_ts(v) for v in mine.filter(kind__in=(START, RES))
+                              .order_by("-at").values_list("at", flat=True)[:k]]
+                    if len(latest) >= k:  # the window's rule, paced (see the script)
+                        start_at = max(now, latest[k - 1] + p + margin, latest[0] + p / k)
+                if start_at > now:
+                    self._put(pk, RES, owner, start_at, start_at + p + grace)
+                    mine.filter(kind=WAIT, member=owner).delete()
+                    return Admission(admitted=False, reason="throttle",
+                                     until=clock.now() + start_at - now)
+                mine.filter(kind=RES, member=owner).delete()
+                self._put(pk, START, delivery, now, now + p)
+            if n:
+                if holds:
+                    mine.filter(kind=SLOT, member=owner).update(expires_at=_dt(now + lease))
+                else:
+                    self._put(pk, SLOT, owner, now, now + lease)
+                mine.filter(kind=WAIT, member=owner).delete()
+            return Admission(admitted=True)
+
+    def _put(self, pk: int, kind: str, member: str, at: float, expires: float) -> None:
+        entries = ThrottleEntry.objects.using(self.using)
+        if not entries.filter(throttle_id=pk, kind=kind, member=member).update(
+                at=_dt(at), expires_at=_dt(expires)):
+            entries.create(throttle_id=pk, kind=kind, member=member, at=_dt(at),
+                           expires_at=_dt(expires))
+
+    def throttle_release(self, key: JobKey, owner: str) -> bool:
+        return self._guard(self._release, key, owner)  # type: ignore[no-any-return]
+
+    def _release(self, key: JobKey, owner: str) -> bool:
+        rows = ThrottleKey.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            found = rows.filter(key=key.key).annotate(server_now=ServerNow()).values_list(
+                "pk", "avg_run", "server_now").first()
+            if found is None:
+                return False
+            pk, avg, now = found
+            slot = ThrottleEntry.objects.using(self.using).filter(
+                throttle_id=pk, kind=SLOT, member=owner)
+            started = slot.values_list("at", flat=True).first()
+            if started is None or not slot.delete()[0]:
+                return False
+            took = max(0.001, _ts(now) - _ts(started))
+            rows.filter(pk=pk).update(avg_run=took if avg is None else avg * 0.7 + took * 0.3)
+            # hand the slot over to the waiter whose turn comes first (as the script)
+            entries = ThrottleEntry.objects.using(self.using).filter(throttle_id=pk)
+            waiter = entries.filter(kind=WAIT, at__gte=_dt(_ts(now) - THROTTLE_GRACE)).order_by(
+                "at").values_list("member", "at").first()
+            if waiter is not None:
+                due = max(_ts(now), _ts(waiter[1]))
+                entries.filter(kind=WAIT, member=waiter[0]).delete()
+                self._put(pk, SLOT, waiter[0], due, due + THROTTLE_GRACE)
+            return True
+
+    def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
+        return self._guard(self._renew_slot, key, owner, ttl, limit)  # type: ignore[no-any-return]
+
+    def _renew_slot(self, key: JobKey, owner: str, ttl: float, limit: int) -> Renewed:
+        slots = ThrottleEntry.objects.using(self.using).filter(throttle__key=key.key, kind=SLOT)
+        if slots.filter(member=owner, expires_at__gt=ServerNow()).update(
+                expires_at=ServerNow(ttl)):
+            return Renewed(held=True)
+        with transaction.atomic(using=self.using):
+            row = ThrottleKey.objects.using(self.using).filter(key=key.key)
+            if not row.update(expires_at=ServerNow(max(ttl, 60.0))):
+                return Renewed(held=False, holder="(the throttle key is gone)")
+            slots.filter(expires_at__lte=ServerNow()).delete()
+            if slots.count() >= limit:
+                return Renewed(held=False, holder="(every slot taken)")
+            pk = row.values_list("pk", flat=True).get()
+            ThrottleEntry.objects.using(self.using).create(
+                throttle_id=pk, kind=SLOT, member=owner, at=ServerNow(),
+                expires_at=ServerNow(ttl))
+            return Renewed(held=True, retaken=True)
+
+    # -- the admin's page (T5) ---------------------------------------------------------------
+
+    def throttle_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[ThrottleState]:
+        """A page of the key rows (as Held locks: a count and a slice, or a streamed search),
+        then the page's counts in one grouped query."""
+        rows = ThrottleKey.objects.using(self.using).filter(expires_at__gt=ServerNow())
+        page: Page[ThrottleKey] = self._page(  # type: ignore[attr-defined]
+            rows.order_by("expires_at", "pk"), lambda row: row, offset=offset, limit=limit,
+            task_name=task_name, search=search)
+
+        def counts() -> dict[int, dict[str, int]]:
+            found: dict[int, dict[str, int]] = {}
+            server = ServerNow()
+            live = ThrottleEntry.objects.using(self.using).filter(
+                throttle__in=[row.pk for row in page.items], expires_at__gt=server)
+            grouped = live.values("throttle_id", "kind").annotate(n=Count("pk", filter=Q(
+                kind__in=(SLOT, WAIT, START, RES)))).values_list("throttle_id", "kind", "n")
+            for pk, kind, n in grouped:
+                found.setdefault(pk, {})[kind] = n
+            return found
+
+        found: dict[int, dict[str, int]] = self._guard(counts) if page.items else {}
+        items = [ThrottleState(
+            key=row.key, task_name=row.task_name, ident=row.ident, limit=row.limit,
+            running=found.get(row.pk, {}).get(SLOT, 0), starts=found.get(row.pk, {}).get(START, 0),
+            deferred=found.get(row.pk, {}).get(WAIT, 0) + found.get(row.pk, {}).get(RES, 0),
+            store=self.alias) for row in page.items]
+        return Page(items=items, total=page.total, has_more=page.has_more)

@@ -1,0 +1,136 @@
+"""Throttling on the Redis store (T2-T5): one EVALSHA per admission decision, one per slot
+release, one per slot renewal (scripts in ``throttle_scripts.py``), and the admin's page of
+throttle keys through their index."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import TYPE_CHECKING, Any
+
+from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
+from dedup_jobs.stores.redis.connection import _text
+from dedup_jobs.stores.throttling import ASSUMED_RUN, limit_text, margin_ms
+
+#: the five keys of one throttle key (see throttle_scripts.py), as suffixes of it
+SUFFIXES = ("", ":slots", ":wait", ":starts", ":res")
+
+
+class RedisThrottleMixin:
+    """``throttle_*`` for :class:`~dedup_jobs.stores.redis.store.RedisStore`."""
+
+    alias: str
+    client: Any
+    budget: float
+    _errors: tuple[type[BaseException], ...]
+
+    if TYPE_CHECKING:  # provided by RedisStore, RedisConnection and RedisListing
+        def physical(self, key: str) -> str: ...
+        def _eval(self, name: str, keys: list[str], args: Any) -> Any: ...
+        def deadline_ms(self) -> int: ...
+        def learn_skew(self, server_ms: int) -> None: ...
+        def place(self, key: JobKey, index: str = "unique") -> tuple[str, str]: ...
+        def index_keys(self, index: str = "unique") -> list[str]: ...
+        def logical(self, key: str) -> str: ...
+        def _page(self, kind: str, parse: Any, *, offset: int, limit: int,
+                  task_name: str, search: str, min_score: int | None) -> Page[Any]: ...
+
+    def throttle_index_key(self) -> str:
+        """The index of throttle keys (on a cluster: its first shard; every shard is
+        ``index_keys("throttle")``)."""
+        return self.index_keys("throttle")[0]
+
+    def _throttle_keys(self, key: JobKey) -> list[str]:
+        """Every key a throttle script touches, built in this one place by the store's
+        :meth:`place` (on a cluster: the throttle key's hash tag, and its index shard in the
+        same slot)."""
+        physical, index = self.place(key, "throttle")
+        return [physical + suffix for suffix in SUFFIXES] + [index]
+
+    can_throttle = True
+
+    def throttle_admit(
+        self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
+        rate_period: float, lease: float,
+    ) -> Admission:
+        keys = self._throttle_keys(key)
+        for _attempt in range(2):
+            answer = self._eval("THROTTLE_ADMIT", keys, (
+                owner, delivery, concurrency, _ms(lease), rate_limit, _ms(rate_period),
+                key.task_name, key.ident, self.deadline_ms(), _ms(lease / 3),
+                _ms(THROTTLE_GRACE), limit_text(concurrency, rate_limit, rate_period),
+                _ms(ASSUMED_RUN), margin_ms(rate_limit, rate_period), f"{random.random():.6f}",
+            ))
+            if answer[0] == 1:
+                return Admission(admitted=True)
+            if answer[0] == 0:
+                # ``until`` on our clock: the server's wait added to our now (no skew)
+                wait = (int(answer[2]) - int(answer[3])) / 1000
+                return Admission(admitted=False, reason=_text(answer[1]),
+                                 until=time.time() + wait)
+            self.learn_skew(int(answer[1]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
+
+    def throttle_release(self, key: JobKey, owner: str) -> bool:
+        keys = self._throttle_keys(key)[:3]
+        return bool(self._eval("THROTTLE_RELEASE", keys, (owner, _ms(THROTTLE_GRACE))))
+
+    def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
+        keys = self._throttle_keys(key)[:2]
+        answer = _text(self._eval("THROTTLE_RENEW", keys, (owner, _ms(ttl), limit)))
+        if answer == "0":
+            return Renewed(held=False, holder="(every slot taken)")
+        return Renewed(held=True, retaken=answer == "2")
+
+    # -- the admin's page (T5) -------------------------------------------------------------
+
+    def _throttle_state(
+        self, physical: str, fields: dict[bytes, bytes]
+    ) -> tuple[ThrottleState, str, int] | None:
+        """(the key's state without its counts, its physical key, its period in ms)."""
+        if not fields or b"task" not in fields:
+            return None
+        data = {_text(k): _text(v) for k, v in fields.items() if not k.startswith(b"s:")}
+        at = physical.find(f"{app_settings.KEY_PREFIX}:throttle:")
+        state = ThrottleState(
+            key=self.logical(physical[at:] if at >= 0 else physical), task_name=data["task"],
+            ident=data.get("id", ""), limit=data.get("limit", ""), running=0, starts=0,
+            deferred=0, store=self.alias,
+        )
+        return state, physical, int(data.get("p", "0"))
+
+    def throttle_page(
+        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
+    ) -> Page[ThrottleState]:
+        """A page of the index (as Held locks), then the page's counts in one pipeline."""
+        page = self._page("throttle", self._throttle_state,
+                          offset=offset, limit=limit, task_name=task_name, search=search,
+                          min_score=int(now * 1000))
+        if not page.items:
+            return page
+        now_ms = int(now * 1000)
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for _item, physical, period in page.items:
+                pipe.zcount(f"{physical}:slots", now_ms, "+inf")
+                pipe.zcount(f"{physical}:starts", f"({now_ms - period}", "+inf")
+                pipe.zcount(f"{physical}:wait", now_ms - _ms(THROTTLE_GRACE), "+inf")
+                pipe.zcount(f"{physical}:res", now_ms - _ms(THROTTLE_GRACE), "+inf")
+            counts = pipe.execute()
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+        items = []
+        for at, (item, _physical, period) in enumerate(page.items):
+            running, starts, waiting, reserved = counts[4 * at:4 * at + 4]
+            items.append(ThrottleState(
+                key=item.key, task_name=item.task_name, ident=item.ident, limit=item.limit,
+                running=int(running), starts=int(starts) if period else 0,
+                deferred=int(waiting) + int(reserved), store=item.store))
+        return Page(items=items, total=page.total, has_more=page.has_more)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

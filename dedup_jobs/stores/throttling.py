@@ -1,0 +1,26 @@
+"""What the stores' throttling shares (T2-T5): the constants and the limit's text."""
+
+from __future__ import annotations
+
+#: the shortest run a waiter's countdown assumes before one was measured (seconds): until
+#: then a run is expected to last as long again as the oldest running one has so far
+ASSUMED_RUN = 0.1
+
+
+def limit_text(concurrency: int, rate_limit: int, rate_period: float) -> str:
+    """The limit as the admin shows it: "concurrency 2", "10/s", "concurrency 2, 10/s"."""
+    parts = [f"concurrency {concurrency}"] if concurrency else []
+    if rate_limit:
+        letter = {1.0: "s", 60.0: "m", 3600.0: "h"}.get(rate_period, f"{rate_period:g}s")
+        parts.append(f"{rate_limit}/{letter}")
+    return ", ".join(parts)
+
+
+def margin_ms(rate_limit: int, rate_period: float) -> int:
+    """A reserved start lies this much after the start it waits out (ms): slack for the
+    lateness of worker timers, so that a reserved message is admitted when it comes back
+    rather than deferred again; 5% of the period, 20 to 200 ms (at most 5% fewer starts than
+    the rate allows). Concurrency alone: 50, the shortest wait for a slot."""
+    if not rate_limit:
+        return 50
+    return int(min(200.0, max(20.0, rate_period * 1000 * 0.05)))

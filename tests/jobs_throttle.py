@@ -1,0 +1,57 @@
+"""Jobs of the throttling tests (T1-T5), registered through tests/jobs.py."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import shared_task
+
+from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob
+from tests.jobs import record
+
+
+@shared_task(base=ThrottledJob, name="tests.two_at_once", concurrency=2,
+             throttle_on=("account",))
+def two_at_once(account: int, tag: int = 0, seconds: float = 0.0) -> int:
+    start = time.time()
+    record("two_at_once", (account, tag, start, os.getpid(), "start"))
+    time.sleep(seconds)
+    record("two_at_once", (account, tag, start, time.time()))
+    return tag
+
+
+@shared_task(base=ThrottledJob, name="tests.five_per_second", throttle="5/s")
+def five_per_second(tag: int = 0) -> int:
+    record("five_per_second", (tag, time.time()))
+    return tag
+
+
+@shared_task(base=UniqueJob, unique_for=60, name="tests.unique_one_at_once",
+             unique_on=("item",), concurrency=1)
+def unique_one_at_once(item: int, seconds: float = 0.0) -> int:
+    start = time.time()
+    time.sleep(seconds)
+    record("unique_one_at_once", (item, start, time.time()))
+    return item
+
+
+@shared_task(base=DebouncedJob, debounce_for=0.2, name="tests.debounced_throttled",
+             throttle="1/s")
+def debounced_throttled(item: int) -> int:
+    record("debounced_throttled", (item, time.time()))
+    return item
+
+
+# -- benchmarks/throttle.py: one hot key, 1,000 messages ---------------------------------
+
+
+@shared_task(base=ThrottledJob, name="tests.bench_two_at_once", concurrency=2)
+def bench_two_at_once(tag: int = 0, seconds: float = 0.0) -> int:
+    time.sleep(seconds)
+    return tag
+
+
+@shared_task(base=ThrottledJob, name="tests.bench_ten_per_second", throttle="10/s")
+def bench_ten_per_second(tag: int = 0) -> int:
+    return tag

@@ -1,0 +1,151 @@
+"""The throttling decisions of the stores (T2-T4) on the Redis family and the database store
+on SQLite, PostgreSQL and MariaDB: concurrency slots as leases, the rate's sliding window,
+re-sends (S7), the store's own clock; and one round trip per admission on Redis."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import BaseStore
+from tests import jobs_throttle
+from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, store_fixture
+from tests.test_stores import delta
+
+#: the default run: django-redis and the database store on SQLite; the slow store matrix
+#: (uv run pytest -m matrix) adds Django's RedisCache, django-valkey, PostgreSQL and MariaDB
+store_name = store_fixture([
+    REDIS_FAMILY[0],
+    *(p for p in DATABASE_STORE_PARAMS if p.id == "database-sqlite"),
+    *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
+      for p in [*REDIS_FAMILY[1:], *DATABASE_STORE_PARAMS] if p.id != "database-sqlite"),
+])
+
+
+def _store(store_name: str) -> BaseStore:
+    return get_store("database" if store_name.startswith("database") else store_name)
+
+
+def admit(store: BaseStore, key: Any, owner: str, delivery: str = "", *, n: int = 0,
+          k: int = 0, period: float = 1.0, lease: float = 60) -> Any:
+    return store.throttle_admit(key, owner, delivery=delivery or f"d-{owner}", concurrency=n,
+                                rate_limit=k, rate_period=period, lease=lease)
+
+
+def test_concurrency_slots(store_name: str) -> None:
+    """T2/S7: two slots: two owners admitted, the third deferred ("concurrency", until at most
+    LEASE/3 away); the holder's retry (same owner) is admitted and takes no second slot; once
+    a slot is released the waiter is admitted; another throttle key is not held back."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((1,), {})
+    assert admit(store, key, "a", n=2).admitted and admit(store, key, "b", n=2).admitted
+    third = admit(store, key, "c", n=2)
+    assert (third.admitted, third.reason) == (False, "concurrency")
+    assert time.time() < third.until <= time.time() + 60 / 3 + 0.5
+    assert admit(store, key, "b", "retry-of-b", n=2).admitted  # a retry keeps its slot
+    assert not admit(store, key, "c", n=2).admitted
+    other = jobs_throttle.two_at_once.throttle_key((2,), {})
+    assert admit(store, other, "x", n=2).admitted
+    assert store.throttle_release(key, "a")
+    assert not store.throttle_release(key, "a")
+    assert admit(store, key, "c", n=2).admitted
+    assert not admit(store, key, "d", n=2).admitted
+
+
+def test_slot_is_a_lease(store_name: str) -> None:
+    """T2: a slot nobody renews (its worker was SIGKILLed) frees after its lease; a renewed
+    one does not; a released slot passes to the waiter whose turn is first (admitted when it
+    comes back); a lapsed slot is taken back by its renewal while there is room."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((3,), {})
+    assert admit(store, key, "dead", n=1, lease=1.0).admitted
+    assert not admit(store, key, "next", n=1, lease=1.0).admitted
+    time.sleep(1.3)
+    assert admit(store, key, "next", n=1, lease=1.0).admitted
+    for _ in range(3):
+        time.sleep(0.3)
+        assert store.throttle_renew(key, "next", 1.0, limit=1).held
+    waiting = {owner: admit(store, key, owner, n=1, lease=1.0) for owner in ("c", "d")}
+    assert not any(answer.admitted for answer in waiting.values())
+    first, second = sorted(waiting, key=lambda owner: waiting[owner].until)
+    assert store.throttle_release(key, "next")
+    assert not store.throttle_renew(key, "next", 1.0, limit=1).held  # handed over
+    assert not admit(store, key, second, "again", n=1, lease=1.0).admitted
+    assert admit(store, key, first, n=1, lease=1.0).admitted
+    assert store.throttle_release(key, first)  # handed over to the other one in turn
+    assert admit(store, key, second, "back", n=1, lease=1.0).admitted
+    assert store.throttle_release(key, second)  # nobody waits now: free
+    renewed = store.throttle_renew(key, second, 1.0, limit=1)
+    assert renewed.held and renewed.retaken
+
+
+def test_rate_sliding_window(store_name: str) -> None:
+    """T3/S7: "3/s": three starts admitted, the next ones deferred ("throttle") to reserved
+    start times spread one period apart per three; a re-send of an admitted start (same
+    delivery) is admitted again without counting twice; a reserved message that comes back
+    at its time is admitted."""
+    store = _store(store_name)
+    key = jobs_throttle.five_per_second.throttle_key((), {})
+    began = time.time()
+    assert all(admit(store, key, f"s{i}", k=3).admitted for i in range(3))
+    assert admit(store, key, "s0", k=3).admitted  # the same delivery again (S7)
+    later = [admit(store, key, f"w{i}", k=3) for i in range(4)]
+    assert {a.reason for a in later} == {"throttle"} and not any(a.admitted for a in later)
+    waits = [a.until - began for a in later]
+    # one period after the starts they wait out, paced a third of a second apart
+    assert 0.95 < waits[0] < 1.3 and waits[3] - waits[0] >= 1.0, waits
+    assert all(b - a >= 0.3 for a, b in itertools.pairwise(waits)), waits
+    again = admit(store, key, "w3", k=3)
+    assert abs(again.until - later[3].until) < 0.1  # its reservation, not a new one
+    time.sleep(max(0.0, later[0].until - time.time()) + 0.02)
+    assert admit(store, key, "w0", k=3).admitted
+
+
+def test_concurrency_and_rate_together(store_name: str) -> None:
+    """T2+T3: a message must pass both limits; a message held back by the rate takes no
+    slot."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((4,), {})
+    assert admit(store, key, "a", n=2, k=1).admitted
+    by_rate = admit(store, key, "b", n=2, k=1)
+    assert (by_rate.admitted, by_rate.reason) == (False, "throttle")
+    assert admit(store, key, "c", n=2, k=1).reason == "throttle"
+    assert store.throttle_release(key, "a")
+    assert not store.throttle_release(key, "b")
+
+
+@pytest.mark.parametrize("store_name", DATABASE_STORE_PARAMS, indirect=True)
+def test_database_expiry_is_the_servers_clock(store_name: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """T2/S3: with the client's clock an hour ahead a slot still holds (the server's clock
+    decides)."""
+    from tests.test_database_clock import HOUR, skew
+
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((5,), {})
+    assert admit(store, key, "a", n=1).admitted
+    skew(monkeypatch, HOUR)
+    assert admit(store, key, "b", n=1).reason == "concurrency"
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_redis_admission_is_one_round_trip(redis_client: Any) -> None:
+    """T4 / section 8, counted on the Redis server (MONITOR): an admission is one EVALSHA,
+    admitted or deferred; a slot's release one more; a slot's renewal one."""
+    store = get_store("redis")
+    key = jobs_throttle.two_at_once.throttle_key((6,), {})
+    admit(store, key, "warm", n=1, k=10)
+    store.throttle_release(key, "warm")
+    store.throttle_renew(key, "warm", 1, limit=1)
+    store.throttle_release(key, "warm")
+    assert delta(redis_client, lambda: admit(store, key, "a", n=1, k=10)) == {"evalsha": 1}
+    assert delta(redis_client, lambda: admit(store, key, "b", n=1, k=10)) == {"evalsha": 1}
+    assert delta(redis_client, lambda: store.throttle_renew(key, "a", 60, limit=1)) == {
+        "evalsha": 1}
+    assert delta(redis_client, lambda: store.throttle_release(key, "a")) == {"evalsha": 1}
