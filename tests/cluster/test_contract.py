@@ -1,7 +1,8 @@
 """S5: the store-contract tests of a single Redis, run on a Redis 7 and a Valkey 8 cluster.
 
 The test functions below are the very ones of tests/test_stores.py, tests/test_debounce_store.py,
-tests/test_flow_store.py and tests/test_idempotent.py (U1-U7, P1-P2, D1-D8, R1-R2, S7),
+tests/test_flow_store.py, tests/test_idempotent.py and tests/test_throttle_store.py (U1-U7, P1-P2,
+D1-D8, R1-R2, S7, T2-T3),
 collected again here with this directory's ``store_name`` fixture (tests/cluster/conftest.py):
 the CACHES alias "cluster" on django-valkey's cluster cache, on each cluster in turn."""
 
@@ -45,6 +46,12 @@ from tests.test_stores import (  # noqa: F401 (collected here)
     test_worker_start_decides_by_owner,
     test_worker_start_holds_a_queued_lock,
     test_worker_start_resent_answers_as_first,
+)
+from tests.test_throttle_store import (  # noqa: F401 (collected here)
+    test_concurrency_and_rate_together,
+    test_concurrency_slots,
+    test_rate_sliding_window,
+    test_slot_is_a_lease,
 )
 
 
