@@ -209,7 +209,7 @@ def login() -> Client:
 
 
 def owners(html: str) -> list[str]:
-    return sorted(re.findall(r'<td class="owner">([^<]*)</td>', html))
+    return sorted(re.findall(r'<td class="owner" title="([^"]*)">', html))
 
 
 IDS = {

@@ -100,7 +100,7 @@ def test_3000_held_locks_spread_over_every_primary_and_are_all_listed(
     make_user("viewer", "view_joblock")
     client = Client()
     assert client.login(username="viewer", password=PASSWORD)
-    owners = re.compile(r'<td class="owner">([^<]*)</td>')
+    owners = re.compile(r'<td class="owner" title="([^"]*)">')
     seen: list[str] = []
     for page in range(1, 31):
         html = client.get(f"{LOCKS}?p={page}" if page > 1 else LOCKS).content.decode()
