@@ -93,6 +93,14 @@ def listed_store_fixture(params: list[Any]) -> Any:
 #: The stores that can list: the Redis-protocol ones (their index: django-redis, Django's own
 #: RedisCache, django-valkey on Valkey) and the database store (SQLite, PostgreSQL, MariaDB).
 listed_store = listed_store_fixture(ALL_LISTED)
+#: For the tests that run real workers (tests/test_clear_stale_locks.py): django-redis and
+#: SQLite in `uv run pytest`, the other listed stores in the slow store matrix (`-m matrix`).
+WORKER_LISTED = [
+    p if str(p.id) in ("django-redis", "database-sqlite")
+    else pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
+    for p in ALL_LISTED
+]
+listed_store_workers = listed_store_fixture(WORKER_LISTED)
 #: The same without the Redis-family variants, for the admin's page-number matrix
 #: (tests/test_bad_input.py), whose Redis path is the same code on every Redis backend.
 listed_store_main = listed_store_fixture(MAIN_LISTED)

@@ -141,11 +141,17 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 #: the database store on MariaDB: every store-facing test in `uv run pytest`; under the
 #: worker-based suites it is part of the slow store matrix (`uv run pytest -m matrix`)
 MARIADB = pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb")
+POSTGRES = pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres")
+#: The job tests' stores (the default ``store_name``): django-redis, locmem and the database
+#: store on SQLite in `uv run pytest`; the database store on PostgreSQL and MariaDB under the
+#: worker-based suites is the slow store matrix (`uv run pytest -m matrix`, its own CI step).
+#: The store-facing suites (ALL_STORE_PARAMS) run PostgreSQL and MariaDB in every run.
 STORE_PARAMS = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("locmem", id="locmem"),
     pytest.param("database", id="database-sqlite"),
-    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
+                 id="database-postgres"),
     pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
                  id="database-mariadb"),
 ]
@@ -159,12 +165,14 @@ REDIS_FAMILY_EXTRA = [
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
 ALL_STORE_PARAMS = [
-    *STORE_PARAMS[:-1], MARIADB, *REDIS_FAMILY_EXTRA, pytest.param("memcached", id="memcached"),
+    *STORE_PARAMS[:-2], POSTGRES, MARIADB, *REDIS_FAMILY_EXTRA,
+    pytest.param("memcached", id="memcached"),
     pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
 ]
 #: the database store on each database the suite runs (for tests of the database store alone)
 DATABASE_STORE_PARAMS = [
-    *(p for p in STORE_PARAMS[:-1] if str(p.values[0]).startswith("database")), MARIADB]
+    *(p for p in STORE_PARAMS[:-2] if str(p.values[0]).startswith("database")), POSTGRES,
+    MARIADB]
 
 
 def database_alias(store_name: str) -> str:

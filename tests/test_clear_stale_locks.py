@@ -22,7 +22,7 @@ from tests import admin_helpers, jobs
 from tests.admin_helpers import fill, unreachable_redis
 from tests.workers import thread_worker, wait_for
 
-listed_store = admin_helpers.listed_store  # the fixture, shared by the admin/command tests
+listed_store = admin_helpers.listed_store_workers  # django-redis and SQLite; the rest: -m matrix
 
 pytestmark = [pytest.mark.redis]
 

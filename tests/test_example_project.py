@@ -124,6 +124,7 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert runs[0][2] <= runs[1][1], runs  # the second sync began after the first ended
 
 
+@pytest.mark.matrix  # two more demo runs (~25 s): the slow matrix step of CI
 def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
     """U1, U4: a second demo on the same database starts clean (locks were released, data is
     updated in place) and takes its burst size from the command line."""
@@ -140,6 +141,7 @@ def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.matrix  # the demo once more, on Redis (~12 s): the slow matrix step of CI
 def test_demo_on_redis(tmp_path: Path) -> None:
     """U3, S1: with DEDUP_JOBS_EXAMPLE_REDIS the same demo runs on the django-redis store and
     a Redis broker, with the same figures."""

@@ -119,6 +119,7 @@ def run_scenario(queue: str, prom_dir: Path, metrics_on: bool) -> tuple[str, int
     return tok, store_commands() - before
 
 
+@pytest.mark.matrix  # two prefork workers, ~30 s: the slow matrix step of CI
 def test_counters_move_by_exactly_the_decisions_made(
     queue: str, tmp_path: Path, otel_reader: Any
 ) -> None:
