@@ -142,13 +142,14 @@ def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 #: worker-based suites it is part of the slow store matrix (`uv run pytest -m matrix`)
 MARIADB = pytest.param("database-mariadb", marks=pytest.mark.mariadb, id="database-mariadb")
 POSTGRES = pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres")
-#: The job tests' stores (the default ``store_name``): django-redis, locmem and the database
-#: store on SQLite in `uv run pytest`; the database store on PostgreSQL and MariaDB under the
-#: worker-based suites is the slow store matrix (`uv run pytest -m matrix`, its own CI step).
-#: The store-facing suites (ALL_STORE_PARAMS) run PostgreSQL and MariaDB in every run.
+LOCMEM = pytest.param("locmem", id="locmem")
+#: The job tests' stores (the default ``store_name``): django-redis and the database store on
+#: SQLite in `uv run pytest`; locmem and the database store on PostgreSQL and MariaDB under
+#: the worker-based suites are the slow store matrix (`uv run pytest -m matrix`, its own CI
+#: step). The store-facing suites (ALL_STORE_PARAMS) run all of them in every run.
 STORE_PARAMS = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("locmem", id="locmem"),
+    pytest.param("locmem", marks=pytest.mark.matrix, id="locmem"),
     pytest.param("database", id="database-sqlite"),
     pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
                  id="database-postgres"),
@@ -165,7 +166,7 @@ REDIS_FAMILY_EXTRA = [
 REDIS_FAMILY = [STORE_PARAMS[0], *REDIS_FAMILY_EXTRA]
 #: every store, for the store-facing suites (tests/test_stores.py, tests/test_debounce_store.py)
 ALL_STORE_PARAMS = [
-    *STORE_PARAMS[:-2], POSTGRES, MARIADB, *REDIS_FAMILY_EXTRA,
+    STORE_PARAMS[0], LOCMEM, STORE_PARAMS[2], POSTGRES, MARIADB, *REDIS_FAMILY_EXTRA,
     pytest.param("memcached", id="memcached"),
     pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
 ]

@@ -58,7 +58,10 @@ LEASE_SECONDS = 15
 
 BROKER_PARAMS = [
     pytest.param("redis", id="redis-broker"),
-    pytest.param("rabbitmq", marks=pytest.mark.rabbitmq, id="rabbitmq-broker"),
+    # every entry path once more through RabbitMQ: the slow matrix step (`-m matrix`); the
+    # RabbitMQ broker stays in every run through tests/test_debounce_rabbitmq.py
+    pytest.param("rabbitmq", marks=[pytest.mark.rabbitmq, pytest.mark.matrix],
+                 id="rabbitmq-broker"),
 ]
 
 
