@@ -54,8 +54,14 @@ def can_view(request: HttpRequest) -> bool:
 class PageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """A read-only page of the app's section: one URL (the changelist), no add/change/delete."""
 
+    #: a permission of the page's own (e.g. "dedup_jobs.view_pendingdebounce") that also
+    #: lets a staff user view it, beside the section's (:func:`can_view`)
+    own_view_permission: str | None = None
+
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_view(request)
+        user: Any = request.user
+        own = self.own_view_permission
+        return can_view(request) or bool(own and user.is_staff and user.has_perm(own))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

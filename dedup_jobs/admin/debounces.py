@@ -11,7 +11,6 @@ from django.template.response import TemplateResponse
 
 from dedup_jobs.admin.common import (
     PageAdmin,
-    can_view,
     chosen_store,
     duration,
     listed_jobs,
@@ -45,11 +44,7 @@ def _row(state: DebounceState, now: float, show_args: bool) -> dict[str, Any]:
 
 
 class PendingDebounceAdmin(PageAdmin):
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user: Any = request.user
-        return can_view(request) or bool(
-            user.is_staff and user.has_perm("dedup_jobs.view_pendingdebounce")
-        )
+    own_view_permission = "dedup_jobs.view_pendingdebounce"
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -13,7 +13,6 @@ from django.template.response import TemplateResponse
 
 from dedup_jobs.admin.common import (
     PageAdmin,
-    can_view,
     chosen_store,
     listed_jobs,
     listing,
@@ -22,11 +21,7 @@ from dedup_jobs.admin.common import (
 
 
 class ThrottleAdmin(PageAdmin):
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user: Any = request.user
-        return can_view(request) or bool(
-            user.is_staff and user.has_perm("dedup_jobs.view_throttlekey")
-        )
+    own_view_permission = "dedup_jobs.view_throttlekey"
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
