@@ -4,7 +4,9 @@ Fills a real Redis (database 3 of DEDUP_JOBS_TEST_REDIS, flushed first) with 100
 locks and 10,000 pending debounces through the store's own Lua scripts, then measures:
 
 - the first page of *Held locks* and *Debounced jobs* (Django test client, full admin view and
-  template; the first request of the process apart, as it compiles templates),
+  template; the first request of the process apart, as it compiles templates), *Throttles*,
+  and the *Overview* with a year of history at its bound (10 jobs x 3 outcomes: 76,500
+  decision rows, plus a day of busiest keys) in the database beside the 100,000 locks,
 - searches (a rare id: the ZSCAN MATCH walks the whole index; a common word: it stops after
   one page) and the job filter,
 - ``clear_stale_locks --dry-run`` over the 100,000 locks (owner states read from the real
@@ -63,14 +65,14 @@ PIPELINE = 2000
 def fill_locks(count: int) -> None:
     store: Any = get_store("redis")
     script = store.client.register_script(lua.ACQUIRE)
-    index = store.index_key()
-    now = clock.now()
     pipe = store.client.pipeline(transaction=False)
     for i in range(count):
         key = build_key("unique", TASKS[i % len(TASKS)], f"item={i}")
+        # the arguments of RedisStore.acquire: owner, ttl ms, deadline ms (0: none),
+        # reentrant, task name, readable id
         script(
-            keys=[store.physical(key.key), index],
-            args=[str(uuid.uuid4()), 3_600_000, int(now * 1000), "0", key.task_name, key.ident],
+            keys=list(store.place(key)),
+            args=[str(uuid.uuid4()), 3_600_000, 0, "0", key.task_name, key.ident],
             client=pipe,
         )
         if i % PIPELINE == PIPELINE - 1:
@@ -97,12 +99,37 @@ def fill_debounces(count: int) -> None:
                 3_600_000,
                 key.task_name,
                 key.ident,
+                0,  # no deadline (RedisStore.debounce sends its own)
             ],
             client=pipe,
         )
         if i % PIPELINE == PIPELINE - 1:
             pipe.execute()
     pipe.execute()
+
+
+def fill_history(job_count: int, outcomes: tuple[str, ...]) -> int:
+    """A year of Overview history at its bound, as the flushes leave it: for every (job,
+    outcome) every minute bucket of a day, hour bucket of 31 days and day bucket of a year,
+    and the 50 busiest keys of every hour of a day. Returns the rows written."""
+    from dedup_jobs.metrics.models import DAY, HOUR, KEEP, DecisionCount, KeyCount
+
+    now = int(time.time())
+    rows = []
+    for job in range(job_count):
+        for outcome in outcomes:
+            for resolution, keep in KEEP.items():
+                first = now // resolution * resolution
+                rows += [DecisionCount(resolution=resolution, start=first - n * resolution,
+                                       job=f"shop.job_{job:02d}", outcome=outcome,
+                                       count=1 + n % 97)
+                         for n in range(keep // resolution)]
+    keys = [KeyCount(start=now // HOUR * HOUR - h * HOUR, digest=f"{h:04d}{k:036d}",
+                     job="shop.job_00", key=f"dedup:unique:shop.job_00:item={k}", count=k)
+            for h in range(DAY // HOUR) for k in range(50)]
+    DecisionCount.objects.bulk_create(rows, batch_size=5000)
+    KeyCount.objects.bulk_create(keys, batch_size=5000)
+    return len(rows) + len(keys)
 
 
 def timed(client: Client, url: str, repeat: int = 5) -> tuple[float, float, int]:
@@ -169,6 +196,9 @@ def main() -> None:
     fill_locks(options.locks)
     fill_debounces(options.debounces)
     fill_seconds = time.perf_counter() - start
+    history_start = time.perf_counter()
+    history_rows = fill_history(10, ("dispatched", "deduplicated", "ran"))
+    history_seconds = time.perf_counter() - history_start
     index_size = store.client.zcard(store.index_key())
     pending = store.client.zcard(store.debounce_index_key())
 
@@ -185,6 +215,9 @@ def main() -> None:
         ("Debounced jobs, first page", debounces),
         ("Debounced jobs, search 'item=9999'", debounces + "?q=item%3D9999"),
         ("Job classes", "/admin/dedup_jobs/jobclass/"),
+        ("Throttles, first page", "/admin/dedup_jobs/throttlekey/"),
+        (f"Overview ({history_rows:,} history rows: a year, 30 pairs)",
+         "/admin/dedup_jobs/overview/"),
     ]
     client.get("/admin/dedup_jobs/jobclass/")  # compile the shared templates once
     for label, url in pages:
@@ -214,7 +247,8 @@ def main() -> None:
     print(
         f"\nRedis {store.client.connection_pool.connection_kwargs.get('port')} db {BENCH_DB}: "
         f"{index_size:,} held locks in the index, {pending:,} pending debounces "
-        f"(filled in {fill_seconds:.1f} s)"
+        f"(filled in {fill_seconds:.1f} s); Overview history {history_rows:,} rows in SQLite "
+        f"(written in {history_seconds:.1f} s)"
     )
     print(f"command summary: {summary}\n")
     width = max(len(r[0]) for r in rows)

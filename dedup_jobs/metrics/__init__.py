@@ -19,20 +19,19 @@ import functools
 import importlib.util
 import os
 import threading
-import time
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, Protocol, TypeVar
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.metrics.tally import LATENCY_BUCKETS, OUTCOMES, Tally
+from dedup_jobs.metrics.tally import FOLD_AT, LATENCY_BUCKETS, OUTCOMES, Tally
 
-__all__ = ["LATENCY_BUCKETS", "OUTCOMES", "decision", "exporters", "tally", "timed"]
+__all__ = ["LATENCY_BUCKETS", "OUTCOMES", "decision", "exporters", "sync", "tally", "timed"]
 
 
 class Exporter(Protocol):
-    def decision(self, job: str, outcome: str) -> None: ...
-
-    def store_call(self, alias: str, call: str, seconds: float) -> None: ...
+    def sync(self) -> None:
+        """Hand what the tally counted since the last sync on (off the decision path)."""
 
 
 #: the tally of this process (see dedup_jobs.metrics.history for where it goes)
@@ -58,7 +57,8 @@ def _installed(name: str) -> bool:
 
 
 def exporters() -> list[Exporter]:
-    """The exporters of this process, loaded on first use."""
+    """The exporters of this process that need a :meth:`~Exporter.sync` now and then (the
+    others read the tally when they are collected), loaded on first use."""
     global _exporters
     found = _exporters
     if found is None:
@@ -69,42 +69,74 @@ def exporters() -> list[Exporter]:
                 for module, library in EXPORTERS:
                     if _installed(library):
                         made = importlib.import_module(module).exporter()
-                        if made is not None:  # None: it observes the tally, no per-call work
+                        if made is not None:  # None: it reads the tally when collected
                             found.append(made)
                 _exporters = found
     return found
 
 
+def sync() -> None:
+    """Hand the tally's counts on to the exporters that keep their own values (a
+    prometheus_client multi-process directory). The metrics thread does it every
+    ``SYNC_SECONDS``, and a process does it once more as it exits."""
+    for exporter in exporters():
+        exporter.sync()
+
+
 def decision(job: str, outcome: str, key: str | None = None) -> None:
     """Count one decision of ``job`` (its task name) with ``outcome`` (one of
-    :data:`OUTCOMES`); ``key`` (a lock key) for the admin's busiest keys. In-process only."""
+    :data:`OUTCOMES`); ``key`` (a lock key) for the admin's busiest keys. In-process only:
+    one append to the tally's pending counts; the metrics thread does the rest."""
     if not app_settings.raw.get("METRICS", True):
         return
-    tally.decision(job, outcome, key)
-    for exporter in _exporters if _exporters is not None else exporters():
-        exporter.decision(job, outcome)
-    if _flusher is None:
-        _start_flusher()
-    elif _flusher._pid != os.getpid():
-        _flusher.ensure()
+    _pending.append((job, outcome, key))
+    if len(_pending) > FOLD_AT:
+        tally.fold()
+    if not _thread_started:
+        _start_thread()
 
 
 def store_call(alias: str, call: str, seconds: float, error: str | None = None) -> None:
     """Count one store call of ``seconds`` (``error``: it raised StoreUnavailable)."""
     tally.store_call(alias, call, seconds, error)
-    for exporter in _exporters if _exporters is not None else exporters():
-        exporter.store_call(alias, call, seconds)
 
 
-_flusher: Any = None
+def count_call(alias: str, call: str, seconds: float) -> None:
+    """Count one store call that answered, for a store that times its own calls (the Redis
+    family, where every call is one script); the caller checked that METRICS is on."""
+    _pending.append((alias, call, seconds, None))
+    if len(_pending) > FOLD_AT:
+        tally.fold()
 
 
-def _start_flusher() -> None:
-    global _flusher
+def call_failed(alias: str, call: str, seconds: float, exc: Exception, job: str) -> None:
+    """Count one store call that raised StoreUnavailable, and a ``store_error`` of ``job``."""
+    _pending.append((alias, call, seconds, str(exc)))
+    decision(job, "store_error")
+
+
+_pending = tally.pending
+_thread_started = False
+
+
+def _start_thread() -> None:
+    """This process's metrics thread (folds, exporter syncs, history flushes), once per
+    process (again in a forked child)."""
+    global _thread_started
     from dedup_jobs.metrics.history import flusher
 
-    _flusher = flusher
+    exporters()  # loaded here, so that the thread knows whether it has anything to sync
     flusher.ensure()
+    _thread_started = True
+
+
+def _forked() -> None:
+    global _thread_started
+    _thread_started = False
+    tally.forked()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -123,19 +155,22 @@ def timed(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_timing, "busy", False) or not app_settings.raw.get("METRICS", True):
+        mine = _timing.__dict__  # this thread's own
+        if mine.get("busy") or not app_settings.raw.get("METRICS", True):
             return method(self, key, *args, **kwargs)
-        _timing.busy = True
-        started = time.perf_counter()
+        mine["busy"] = True
+        started = perf_counter()
         try:
             answer = method(self, key, *args, **kwargs)
         except StoreUnavailable as exc:
-            store_call(self.alias, call, time.perf_counter() - started, str(exc))
+            _pending.append((self.alias, call, perf_counter() - started, str(exc)))
             decision(str(getattr(key, "task_name", "") or "?"), "store_error")
             raise
         finally:
-            _timing.busy = False
-        store_call(self.alias, call, time.perf_counter() - started)
+            mine["busy"] = False
+        _pending.append((self.alias, call, perf_counter() - started, None))
+        if len(_pending) > FOLD_AT:
+            tally.fold()
         return answer
 
     wrapper.__dedup_timed__ = True  # type: ignore[attr-defined]

@@ -5,7 +5,7 @@ few statements per (job, outcome) counted since the last one, in one transaction
 that fails (the database down, the table not migrated) keeps its counts for the next one.
 
 Every process shows in the Overview within ``DEDUP_JOBS["METRICS_FLUSH_SECONDS"]`` (30 s;
-SPEC A5: 60 s; 0 starts no thread and keeps no history). A process
+SPEC A5: 60 s; 0 keeps no history). A process
 that exits flushes what is left (``atexit``, and Celery's ``worker_process_shutdown`` for
 prefork children, which leave through ``os._exit``)."""
 
@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.metrics.tally import Taken
+from dedup_jobs.metrics.tally import FOLD_SECONDS, Taken
 
 logger = logging.getLogger("dedup_jobs")
 
@@ -28,10 +28,17 @@ logger = logging.getLogger("dedup_jobs")
 KEYS_PER_FLUSH = 50
 #: seconds between two prunings of old buckets by one process
 PRUNE_SECONDS = 600.0
+#: seconds between two syncs of the exporters that keep their own values (a
+#: prometheus_client multi-process directory)
+SYNC_SECONDS = 1.0
 
 
 class Flusher:
-    """The flush thread of this process: started on its first decision, again after a fork."""
+    """The metrics thread of this process: started on its first decision, again after a
+    fork. It folds the tally's pending counts every ``FOLD_SECONDS``, hands them to the
+    exporters that keep their own values every ``SYNC_SECONDS``
+    (:func:`dedup_jobs.metrics.sync`) and flushes the history every
+    ``METRICS_FLUSH_SECONDS``."""
 
     def __init__(self) -> None:
         self._pid = 0
@@ -40,7 +47,7 @@ class Flusher:
         self._pruned = 0.0
 
     def ensure(self) -> None:
-        if self._pid == os.getpid() or not app_settings.METRICS_FLUSH_SECONDS:
+        if self._pid == os.getpid():
             return
         with self._lock:
             if self._pid == os.getpid():
@@ -52,11 +59,23 @@ class Flusher:
             thread.start()
 
     def _loop(self) -> None:
+        from dedup_jobs.metrics import exporters, sync, tally
+
         pid = os.getpid()
+        flushed = synced = time.monotonic()
         while self._pid == pid:
-            self._wake.wait(app_settings.METRICS_FLUSH_SECONDS or 60.0)
+            self._wake.wait(FOLD_SECONDS)
+            woken = self._wake.is_set()
             self._wake.clear()
-            self.flush()
+            tally.fold()
+            now = time.monotonic()
+            if exporters() and (woken or now - synced >= SYNC_SECONDS):
+                synced = now
+                sync()
+            every = app_settings.METRICS_FLUSH_SECONDS
+            if every and (woken or now - flushed >= every):
+                flushed = now
+                self.flush()
 
     def flush(self) -> bool:
         """Write what this process counted since the last flush; False if it could not be
@@ -148,8 +167,13 @@ flusher = Flusher()
 
 
 def flush_at_exit(**kwargs: Any) -> None:
-    """The process is ending: flush what is left, if this process keeps history."""
-    if flusher._pid == os.getpid():
+    """The process is ending: hand the last counts to the exporters, and flush what is left
+    if this process keeps history."""
+    from dedup_jobs.metrics import _exporters, sync
+
+    if _exporters:
+        sync()
+    if flusher._pid == os.getpid() and app_settings.METRICS_FLUSH_SECONDS:
         flusher.flush()
 
 

@@ -26,14 +26,14 @@ BOUNDS = [*(repr(b) for b in LATENCY_BUCKETS), "+Inf"]
 def _decisions(options: CallbackOptions) -> Iterable[Observation]:
     from dedup_jobs.metrics import tally
 
-    for (job, outcome), count in list(tally.totals.items()):
+    for (job, outcome), count in tally.snapshot()[0].items():
         yield Observation(count, {"job": job, "outcome": outcome})
 
 
 def _calls(options: CallbackOptions) -> Iterable[Observation]:
     from dedup_jobs.metrics import tally
 
-    for (alias, call), counts in list(tally.calls.items()):
+    for (alias, call), counts in tally.snapshot()[1].items():
         seen = 0.0
         for bound, count in zip(BOUNDS, counts[:-1], strict=True):
             seen += count
@@ -43,7 +43,7 @@ def _calls(options: CallbackOptions) -> Iterable[Observation]:
 def _seconds(options: CallbackOptions) -> Iterable[Observation]:
     from dedup_jobs.metrics import tally
 
-    for (alias, call), counts in list(tally.calls.items()):
+    for (alias, call), counts in tally.snapshot()[1].items():
         yield Observation(counts[-1], {"store": alias, "call": call})
 
 

@@ -199,7 +199,8 @@ def decode_call(payload: str | bytes) -> tuple[CallArgs, dict[str, Any]]:
 
 
 #: the decision methods of a store: each is timed, and its StoreUnavailable counted, by
-#: :func:`dedup_jobs.metrics.timed` (A5), in every subclass that defines one
+#: :func:`dedup_jobs.metrics.timed` (A5), in every subclass that defines one, unless the
+#: store times its own calls (``times_its_calls``: the Redis family, in ``_eval``)
 TIMED_CALLS = ("acquire", "start", "release", "renew", "take_over", "start_exclusive",
                "debounce", "claim_due", "release_queued")
 
@@ -211,11 +212,15 @@ class BaseStore(ABC):
         super().__init_subclass__(**kwargs)
         from dedup_jobs.metrics import timed
 
+        if cls.times_its_calls:
+            return
         for name in TIMED_CALLS:
             method = getattr(cls, name, None)  # its own, a mixin's or an inherited one
             if callable(method) and not getattr(method, "__dedup_timed__", False):
                 setattr(cls, name, timed(method))
 
+    #: the store times each of its calls for the metrics itself (else TIMED_CALLS are wrapped)
+    times_its_calls: bool = False
     #: the store can list held locks (admin, clear_stale_locks) without scanning the keyspace
     can_list: bool = False
     #: every decision is atomic across processes (an honest flag for the system checks)

@@ -182,7 +182,7 @@ class RedisClusterStore(RedisStore):
             self._own_client = True
         return self._client
 
-    def _eval(self, name: str, keys: list[str], args: Any) -> Any:
+    def _send(self, name: str, keys: list[str], args: Any) -> Any:
         """One EVALSHA routed by the slot of ``keys``; on NOSCRIPT, one EVAL of the script
         to the same slot (which loads it on that primary)."""
         try:

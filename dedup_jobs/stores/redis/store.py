@@ -83,11 +83,11 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         return self.index_keys("debounce")[0]
 
     def _call(self, name: str, key: JobKey, *args: Any) -> Any:
-        return self._eval(name, list(self.place(key)), args)
+        return self._eval(name, list(self.place(key)), args, key.task_name)
 
     def _call_with_tombstone(self, name: str, key: JobKey, *args: Any) -> Any:
         physical, index = self.place(key)
-        return self._eval(name, [physical, index, f"{physical}:rel"], args)
+        return self._eval(name, [physical, index, f"{physical}:rel"], args, key.task_name)
 
     def _tombstone_ms(self) -> int:
         """How long a release tombstone answers a re-send: longer than any re-send waits."""
@@ -158,7 +158,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
                 task_id, payload, _ms(now), _ms(debounce_for),
                 "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
                 self.deadline_ms(),
-            ))
+            ), key.task_name)
             if new != 2:
                 return Debounced(new=bool(new), message_id=_text(message),
                                  superseded=_text(superseded) or None)
@@ -167,7 +167,8 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
         answer = self._eval("CLAIM", self._debounce_keys(key), (
-            message_id, _ms(now), int(DUE_TOLERANCE * 1000), _ms(CLAIM_RECORD_SECONDS)))
+            message_id, _ms(now), int(DUE_TOLERANCE * 1000), _ms(CLAIM_RECORD_SECONDS)),
+            key.task_name)
         action = _text(answer[0])
         if action == CLAIMED:
             args, kwargs = decode_call(answer[2])
@@ -205,6 +206,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         ok, what = self._eval(
             "START_EXCLUSIVE", [physical, index, self.place(running)[0]],
             (owner, _ms(lease), delivery or new_request_id(), key.task_name, key.ident),
+            key.task_name,
         )
         what = _text(what)
         if ok == 3:
