@@ -101,6 +101,17 @@ def unique(item: int, seconds: float = 0.0) -> int:
 
 
 @app.task(
+    name="bench.unique_django_cache",
+    base=UniqueJob,
+    unique_for=UNIQUE_FOR,
+    unique_on=("item",),
+    unique_via="django_redis_cache",
+)
+def unique_django_cache(item: int, seconds: float = 0.0) -> int:
+    return _body("UniqueJob on Django's RedisCache", item, seconds)
+
+
+@app.task(
     name="bench.until_processing",
     base=UniqueUntilProcessingJob,
     unique_for=UNIQUE_FOR,

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from benchmarks.commands import OPS
 from benchmarks.paths import PATHS
-from benchmarks.report import PLAIN, Results
-from benchmarks.timing import FLOOR, LOCK_FLOOR, Samples, paired_ratio
+from benchmarks.report import Results
+from benchmarks.timing import FLOOR, LOCK_FLOOR, Samples, ratio
+from benchmarks.verdicts import PLAIN
 
 COLORS = {
     PLAIN: "#9e9e9e",
@@ -16,6 +17,7 @@ COLORS = {
     "UniqueJob": "#2f6fb0",
     "UniqueUntilProcessingJob": "#5b9bd5",
     "DebouncedJob": "#8fbce6",
+    "UniqueJob on Django's RedisCache": "#1f4e79",
     FLOOR: "#3c9d5d",
     LOCK_FLOOR: "#7cc08f",
 }
@@ -36,15 +38,15 @@ def draw(r: Results, path: Path) -> None:
         range(len(first_names)), firsts, color=[COLORS.get(n, "#777777") for n in first_names]
     )
     for bar, name in zip(bars, first_names, strict=True):
-        ratio = paired_ratio(r.timing[name].first, r.timing[PLAIN].first)
+        times = ratio(r.timing[name].first, r.timing[PLAIN].first).value
         ax.annotate(
-            f"{ratio:.2f}x",
+            f"{times:.2f}x",
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
             fontsize=9,
         )
-    ax.set_title("First dispatch (fresh key), median µs/call\nratio to plain Celery")
+    ax.set_title("First dispatch (fresh key), median µs/call\nmedian ÷ plain Celery's median")
     _names(ax, first_names)
 
     ax = axes[0][1]
@@ -53,7 +55,7 @@ def draw(r: Results, path: Path) -> None:
     bars = ax.bar(range(len(dup_names)), dups, color=[COLORS.get(n, "#777") for n in dup_names])
     floor = r.timing[FLOOR].duplicate
     for bar, name in zip(bars, dup_names, strict=True):
-        rate = paired_ratio(floor, r.timing[name].duplicate)
+        rate = ratio(floor, r.timing[name].duplicate).value
         ax.annotate(
             f"{rate:.2f}x",
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
@@ -61,7 +63,8 @@ def draw(r: Results, path: Path) -> None:
             va="bottom",
             fontsize=9,
         )
-    ax.set_title("Duplicate dispatch (held key), median µs/call\nrate relative to raw SET NX PX")
+    ax.set_title("Duplicate dispatch (held key), median µs/call\n"
+                 "raw SET NX PX median ÷ this median")
     _names(ax, dup_names)
 
     ax = axes[1][0]
@@ -114,6 +117,7 @@ def draw(r: Results, path: Path) -> None:
 def _names(ax: object, names: list[str]) -> None:
     labels = [
         n.replace("UniqueUntilProcessingJob", "UniqueUntil-\nProcessingJob")
+        .replace(" on Django's", "\non Django's")
         .replace("celery-singleton", "celery-\nsingleton")
         .replace(" + ", " +\n")
         for n in names

@@ -74,3 +74,16 @@ def debounced_contender() -> Contender | None:
         lock_key=_dedup_key(bench.debounced),
         family="debounce",
     )
+
+
+#: the UniqueJob contender whose store is Django's own RedisCache (timed beside the others)
+DJANGO_CACHE = "UniqueJob on Django's RedisCache"
+
+
+def django_cache_contender() -> Contender:
+    return Contender(
+        name=DJANGO_CACHE,
+        task=bench.unique_django_cache,
+        lock_key=_dedup_key(bench.unique_django_cache),
+        family="dedup",
+    )

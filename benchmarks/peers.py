@@ -46,9 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     from benchmarks import app as bench
-    from benchmarks import report
+    from benchmarks import report, verdicts
     from benchmarks.commands import count_operations
-    from benchmarks.contenders import all_contenders, debounced_contender
+    from benchmarks.contenders import (
+        all_contenders,
+        debounced_contender,
+        django_cache_contender,
+    )
     from benchmarks.contention import DISPATCHES, PROCESSES, ROUNDS, run_contention
     from benchmarks.paths import run_paths
     from benchmarks.redisutil import clean, client
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             "benchmarks.debounce`. It is left out of contention, entry paths and SIGKILL, "
             "which are about locks."
         )
-    timed = contenders + ([debounced] if debounced else [])
+    timed = [*contenders, django_cache_contender(), *([debounced] if debounced else [])]
     say(f"Redis {REDIS_URL} (broker db {settings.BROKER_DB}, store db {settings.STORE_DB})")
     client(0).ping()
     clean()
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"lock lifetime after SIGKILL (LEASE_SECONDS={lease:g}, watched {window:g} s)")
         results.kills = run_sigkill(contenders, lease=lease, window=window, progress=say)
     if results.timing and debounced is not None:
-        lines = report.peer_lines(results)
+        lines = verdicts.peer_lines(results)
         if debounced.name in lines:
             leads, figures = lines[debounced.name]
             notes.append(
@@ -138,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _finish(results: object, args: argparse.Namespace, redis_info: dict[str, object]) -> int:
-    from benchmarks import chart, report
+    from benchmarks import chart, report, verdicts
 
     r: report.Results = results  # type: ignore[assignment]
     complete = not args.skip
@@ -146,18 +150,23 @@ def _finish(results: object, args: argparse.Namespace, redis_info: dict[str, obj
     if complete:
         text = report.render(r, redis_info, command)
         print("\n" + text)
-        failed = [t for t, ok, _ in report.verdicts(r) if not ok]
+        failed = [t for t, ok, _ in verdicts.verdicts(r) if not ok]
     else:
         if r.timing:
-            header = ["contender", "first µs", "vs plain", "duplicate µs", "vs SET NX rate"]
-            print("\n" + report.table(header, report.latency_rows(r)))
+            print("\n" + report.table(verdicts.LATENCY_HEADER, verdicts.latency_rows(r)))
+            for target, ok, measured in verdicts.verdicts(r):
+                print(f"- {'yes' if ok else 'NO '} {target}: {measured}")
         if r.ops:
             print("\n" + report.table(["contender", *report.OPS, "messages"], report.ops_rows(r)))
         print("(sections skipped: no acceptance verdict, nothing written)")
         failed = []
     if complete and not args.no_write:
         (report.ROOT / "docs").mkdir(exist_ok=True)
-        (report.ROOT / "docs" / "benchmarks.md").write_text(text)
+        page = report.ROOT / "docs" / "benchmarks.md"
+        # the hand-written sections of the other benchmarks, below the marker, are kept
+        old = page.read_text() if page.exists() else ""
+        kept = old[old.index(report.KEEP_BELOW):] if report.KEEP_BELOW in old else ""
+        page.write_text(text.rstrip("\n") + "\n\n" + (kept or report.KEEP_BELOW + "\n"))
         chart.draw(r, report.ROOT / "docs" / "img" / "benchmarks.png")
         print("wrote docs/benchmarks.md and docs/img/benchmarks.png")
     for target in failed:

@@ -16,13 +16,14 @@ from benchmarks.commands import OPS, OpCount
 from benchmarks.contention import Contention
 from benchmarks.paths import PATHS
 from benchmarks.sigkill import Lifetime
-from benchmarks.timing import FLOOR, LOCK_FLOOR, Samples, paired_ratio
+from benchmarks.timing import LOCK_FLOOR, Samples
+from benchmarks.verdicts import LATENCY_HEADER, latency_rows, verdicts
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAIN = "plain Celery"
-PEERS = ("celery-once", "celery-singleton")
-FIRST_TARGET = 1.30  # UniqueJob first dispatch at most this many times plain Celery
-FLOOR_TARGET = 0.85  # UniqueJob duplicate at least this fraction of the SET NX rate
+#: the line of docs/benchmarks.md below which the other benchmarks' sections are written by
+#: hand (from their own runs); ``python -m benchmarks.peers`` rewrites what is above it
+KEEP_BELOW = ("<!-- Written by hand below this line, from the runs of the benchmarks each "
+              "section names; python -m benchmarks.peers keeps it. -->")
 
 
 @dataclass(kw_only=True)
@@ -73,46 +74,6 @@ def _us(value: float) -> str:
     return "—" if math.isnan(value) else f"{value:.0f}"
 
 
-def latency_rows(r: Results) -> list[list[Any]]:
-    plain, floor = r.timing[PLAIN], r.timing[FLOOR]
-    rows = []
-    for name, s in r.timing.items():
-        if name in (FLOOR, LOCK_FLOOR):
-            continue
-        first_ratio = paired_ratio(s.first, plain.first)
-        rate = paired_ratio(floor.duplicate, s.duplicate)
-        rows.append(
-            [
-                name,
-                _us(Samples.median(s.first)),
-                f"{first_ratio:.2f}x",
-                _us(Samples.median(s.duplicate)),
-                "publishes again" if name == PLAIN else f"{rate:.2f}x",
-            ]
-        )
-    if LOCK_FLOOR in r.timing:
-        lock_floor = r.timing[LOCK_FLOOR]
-        rows.append(
-            [
-                f"*reference: {LOCK_FLOOR}*",
-                _us(Samples.median(lock_floor.first)),
-                f"{paired_ratio(lock_floor.first, plain.first):.2f}x",
-                "—",
-                "—",
-            ]
-        )
-    rows.append(
-        [
-            f"*reference: {FLOOR}*",
-            _us(Samples.median(floor.first)),
-            "—",
-            _us(Samples.median(floor.duplicate)),
-            "1.00x",
-        ]
-    )
-    return rows
-
-
 def ops_rows(r: Results) -> list[list[Any]]:
     rows = []
     for name, ops in r.ops.items():
@@ -142,110 +103,6 @@ def path_rows(r: Results) -> list[list[Any]]:
 
 def kill_rows(r: Results) -> list[list[Any]]:
     return [[name, life.describe(r.window)] for name, life in r.kills.items()]
-
-
-def peer_lines(r: Results) -> dict[str, tuple[bool, str]]:
-    """Per dedup_jobs contender: does it beat the best peer on both timing lines, and the
-    figures (ratios from the same rounds)."""
-    plain, floor = r.timing[PLAIN], r.timing[FLOOR]
-    peers = [name for name in r.timing if name in PEERS]
-    if not peers:
-        return {}
-    best_first = min(paired_ratio(r.timing[p].first, plain.first) for p in peers)
-    best_rate = max(paired_ratio(floor.duplicate, r.timing[p].duplicate) for p in peers)
-    lines = {}
-    for name, s in r.timing.items():
-        if not name.startswith(("Unique", "Debounced")):
-            continue
-        first = paired_ratio(s.first, plain.first)
-        rate = paired_ratio(floor.duplicate, s.duplicate)
-        lines[name] = (
-            first < best_first and rate > best_rate,
-            f"first {first:.2f}x (best peer {best_first:.2f}x), "
-            f"duplicate {rate:.2f}x (best peer {best_rate:.2f}x)",
-        )
-    return lines
-
-
-def verdicts(r: Results) -> list[tuple[str, bool, str]]:
-    """(target, met, measured) for every acceptance line."""
-    unique, plain, floor = r.timing["UniqueJob"], r.timing[PLAIN], r.timing[FLOOR]
-    first = paired_ratio(unique.first, plain.first)
-    rate = paired_ratio(floor.duplicate, unique.duplicate)
-    out = [
-        (
-            f"UniqueJob first dispatch <= {FIRST_TARGET:.2f}x plain Celery",
-            first <= FIRST_TARGET,
-            f"{first:.2f}x"
-            + (
-                f" (a bare SET NX PX before the same publish: "
-                f"{paired_ratio(r.timing[LOCK_FLOOR].first, plain.first):.2f}x)"
-                if LOCK_FLOOR in r.timing
-                else ""
-            ),
-        ),
-        (
-            f"UniqueJob duplicate >= {FLOOR_TARGET:.2f}x the SET NX rate",
-            rate >= FLOOR_TARGET,
-            f"{rate:.2f}x ({_us(Samples.median(unique.duplicate))} µs vs "
-            f"{_us(Samples.median(floor.duplicate))} µs)",
-        ),
-    ]
-    for name, line in peer_lines(r).items():
-        if name.startswith("Unique"):
-            out.append((f"{name}: leads every peer on first and duplicate dispatch", *line))
-    for name, ops in r.ops.items():
-        if not name.startswith(("Unique", "Debounced")):
-            continue
-        trips = {op: ops[op].round_trips for op in OPS if op in ops}
-        budget_ok = all(t <= 1 for t in trips.values())
-        out.append(
-            (
-                f"{name}: <= 1 store round trip per decision (SPEC 8)",
-                budget_ok,
-                ", ".join(f"{op} {t:g}" for op, t in trips.items()),
-            )
-        )
-        published = ops["dispatch"].published, ops["duplicate"].published
-        if name.startswith("Unique"):
-            out.append(
-                (
-                    f"{name}: 1 message per dispatch, 0 per duplicate (SPEC 8)",
-                    published == (1, 0),
-                    f"{published[0]:g} / {published[1]:g}",
-                )
-            )
-    for name, c in r.contention.items():
-        if name.startswith("Unique"):
-            dupes = sum(max(0, p - 1) for p in c.published)
-            out.append(
-                (
-                    f"{name}: 0 duplicates under contention",
-                    dupes == 0 and all(p == 1 for p in c.published),
-                    f"{dupes} duplicates",
-                )
-            )
-    for name, per in r.paths.items():
-        if name.startswith("Unique"):
-            ok = all(v == 1 for v in per.values())
-            out.append(
-                (
-                    f"{name}: 1 execution on every entry path",
-                    ok,
-                    ", ".join(f"{k} {v}" for k, v in per.items()),
-                )
-            )
-    for name, life in r.kills.items():
-        if name == "UniqueJob":
-            ok = life.gone_after is not None and life.gone_after <= r.lease + 0.5
-            out.append(
-                (
-                    f"{name}: lock gone within LEASE_SECONDS ({r.lease:g} s) of a SIGKILL",
-                    ok,
-                    life.describe(r.window),
-                )
-            )
-    return out
 
 
 def _git(*args: str) -> str:
@@ -310,6 +167,10 @@ def render(r: Results, redis_info: dict[str, Any], command: str) -> str:
         "",
         "![benchmark chart](img/benchmarks.png)",
         "",
+        "The sections at the end ([metrics on vs off](#metrics), [throttle](#throttle), "
+        "[worker throughput](#throughput), [cost growth](#growth)) come from the other "
+        "benchmarks under `benchmarks/`, each from a run of its own, as each says.",
+        "",
         "## Acceptance",
         "",
         table(
@@ -320,19 +181,19 @@ def render(r: Results, redis_info: dict[str, Any], command: str) -> str:
         "## Dispatch latency",
         "",
         f"Median µs per call over {r.rounds} rounds of {r.batch} calls per contender; the "
-        "contenders (and the floor) take turns inside each round, in an order that rotates "
-        "from round to round, and ratios are medians of the per-round ratios. *First "
-        "dispatch*: a key nobody holds (takes the lock and publishes). The reference row "
-        f"*{LOCK_FLOOR}* is one raw `SET NX PX` and then plain Celery's publish: no lock "
-        "that decides before publishing can be cheaper. *Duplicate*: the key "
-        "is held (publishes nothing; plain Celery publishes again). The floor is one "
-        "`SET key token NX PX 60000` on the store's own redis-py connection: a lock decision "
-        "cannot take less than that round trip. *Rate vs SET NX* is floor µs ÷ duplicate µs.",
+        "contenders (and the references) take turns inside each round, in an order that "
+        "rotates from round to round. *First dispatch*: a key nobody holds (takes the lock "
+        "and publishes). *Duplicate*: the key is held (publishes nothing; plain Celery "
+        f"publishes again). The reference row *{LOCK_FLOOR}* is one raw `SET key token NX "
+        "PX 60000` on the store's own redis-py connection and then plain Celery's publish: "
+        "no lock that decides before publishing can be cheaper. The row *raw SET NX PX* is "
+        "that `SET` alone: no lock decision can take less than that round trip. **Every "
+        "ratio is the ratio of the two medians printed in its row and column** (first "
+        "dispatch ÷ plain Celery's, ÷ the reference's; the SET NX rate is the raw SET NX's "
+        "duplicate µs ÷ this duplicate µs), followed in brackets by the lowest and highest "
+        "value of the same ratio taken round by round: the spread of this run.",
         "",
-        table(
-            ["contender", "first dispatch µs", "x plain Celery", "duplicate µs", "rate vs SET NX"],
-            latency_rows(r),
-        ),
+        table(LATENCY_HEADER, latency_rows(r)),
         "",
         "## Store commands per operation",
         "",

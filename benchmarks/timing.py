@@ -5,6 +5,7 @@ connection (the floor of any one-round-trip lock decision)."""
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -96,3 +97,27 @@ def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
     """Median of the per-round ratios (both measured in the same round)."""
     ratios = [a / b for a, b in zip(numerator, denominator, strict=True) if b]
     return statistics.median(ratios) if ratios else float("nan")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """The ratio of two medians (what a table prints beside them, so a reader can check it),
+    and the spread of the same ratio round by round (both measured in the same round)."""
+
+    value: float
+    low: float
+    high: float
+
+    def __format__(self, spec: str) -> str:
+        if math.isnan(self.value):
+            return "—"
+        return f"{self.value:.2f}x ({self.low:.2f} to {self.high:.2f})"
+
+
+def ratio(numerator: list[float], denominator: list[float]) -> Ratio:
+    """median(numerator) / median(denominator), with the min-max of the per-round ratios."""
+    if not numerator or not denominator:
+        return Ratio(float("nan"), float("nan"), float("nan"))
+    rounds = [a / b for a, b in zip(numerator, denominator, strict=False) if b]
+    return Ratio(statistics.median(numerator) / statistics.median(denominator),
+                 min(rounds, default=float("nan")), max(rounds, default=float("nan")))

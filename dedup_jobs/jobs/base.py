@@ -159,17 +159,22 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
             self._id_hook,
         )
 
-    def job_key(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> JobKey:
-        """The key of a dispatch with these arguments. An id its store cannot hold raises
-        :class:`InvalidJobId` here, before any store call (A4)."""
+    def job_key(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None,
+        store: BaseStore | None = None,
+    ) -> JobKey:
+        """The key of a dispatch with these arguments (``store``: the job's store, when the
+        caller has it already). An id its store cannot hold raises :class:`InvalidJobId`
+        here, before any store call (A4)."""
         ident = self.job_id(args, kwargs)
         problem = keys.id_problem(ident)
         if problem is None:
             key = keys.build_key(self.dedup_kind, self.name, ident)
-            try:
-                store = self.store()
-            except DedupError:
-                return key  # an unknown store: the caller's own lookup says so
+            if store is None:
+                try:
+                    store = self.store()
+                except DedupError:
+                    return key  # an unknown store: the caller's own lookup says so
             problem = store.key_problem(key)
             if problem is None:
                 return key

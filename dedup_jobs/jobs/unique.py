@@ -17,7 +17,12 @@ from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration, StoreUnavailable
+from dedup_jobs.exceptions import (
+    DedupError,
+    DuplicateJob,
+    InvalidJobConfiguration,
+    StoreUnavailable,
+)
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id, notify
 from dedup_jobs.jobs.lease import leases
@@ -120,9 +125,14 @@ class UniqueJob(DedupJob):
         # The request stack is only consulted when a task id is given (a retry re-sends its own).
         retrying = not generated and task_id == self.request.id
         task_id = task_id or new_task_id()
-        key = self.job_key(args, kwargs)
         alias = self.store_alias()
-        store = self.store(alias)
+        try:
+            store = self.store(alias)
+        except DedupError:
+            store = None  # an unknown store: raised below, once the key is known to be valid
+        key = self.job_key(args, kwargs, store)
+        if store is None:
+            store = self.store(alias)
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
         ttl = self.lock_ttl() + message_wait(options, now)
