@@ -32,7 +32,7 @@ def test_counts_from_many_threads_are_exact() -> None:
     def count() -> None:
         for _ in range(5000):
             metrics.decision(JOB, "ran", "k")
-            metrics.count_call("export", "acquire", 0.0007)
+            metrics.store_call("export", "acquire", 0.0007)
 
     threads = [threading.Thread(target=count) for _ in range(8)]
     for thread in threads:
@@ -102,7 +102,7 @@ def test_prometheus_reads_the_tally_when_scraped() -> None:
     calls = sample("dedup_jobs_store_call_seconds_count", store="export-scrape", call="renew")
     for _ in range(7):
         metrics.decision(JOB, "replaced")
-        metrics.count_call("export-scrape", "renew", 0.003)
+        metrics.store_call("export-scrape", "renew", 0.003)
     assert sample("dedup_jobs_decisions_total", job=JOB, outcome="replaced") == before + 7
     assert sample("dedup_jobs_store_call_seconds_count", store="export-scrape",
                   call="renew") == calls + 7
@@ -143,7 +143,7 @@ django.setup()
 from dedup_jobs import metrics
 for _ in range(5):
     metrics.decision("tests.multi", "dispatched")
-    metrics.count_call("multi", "acquire", 0.0002)
+    metrics.store_call("multi", "acquire", 0.0002)
 metrics.sync()
 metrics.decision("tests.multi", "deduplicated")  # left for the sync at exit
 """
@@ -185,3 +185,27 @@ def test_redis_stores_time_every_script_they_send() -> None:
     after = tally.snapshot()[1][("redis", "acquire")]
     assert sum(after[:-1]) - sum(before[:-1]) == 2
     assert after[-1] > before[-1]
+
+
+@pytest.mark.redis
+def test_a_failed_script_counts_a_store_error_of_its_job() -> None:
+    """A Redis-family call that raises StoreUnavailable counts a ``store_error`` of the key's
+    job, its seconds in the histogram, and the error as the store's last one."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from dedup_jobs import clock
+    from dedup_jobs.exceptions import StoreUnavailable
+    from dedup_jobs.keys import build_key
+    from dedup_jobs.stores import get_store
+
+    dead = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
+    tally.take()
+    with override_settings(CACHES={**settings.CACHES, "dead": dead}):
+        store = get_store("dead")
+        with pytest.raises(StoreUnavailable):
+            store.acquire(build_key("unique", JOB, "dead"), "owner", 5, now=clock.now())
+    taken = tally.take()
+    assert taken.decisions[(JOB, "store_error")] == 1
+    assert sum(taken.latency["dead"]) == 1
+    assert taken.last_error is not None and taken.last_error[1] == "dead"

@@ -89,8 +89,8 @@ def decision(job: str, outcome: str, key: str | None = None) -> None:
     one append to the tally's pending counts; the metrics thread does the rest."""
     if not app_settings.raw.get("METRICS", True):
         return
-    _pending.append((job, outcome, key))
-    if len(_pending) > FOLD_AT:
+    _decided.append((job, outcome, key))
+    if len(_decided) > FOLD_AT:
         tally.fold()
     if not _thread_started:
         _start_thread()
@@ -101,21 +101,13 @@ def store_call(alias: str, call: str, seconds: float, error: str | None = None) 
     tally.store_call(alias, call, seconds, error)
 
 
-def count_call(alias: str, call: str, seconds: float) -> None:
-    """Count one store call that answered, for a store that times its own calls (the Redis
-    family, where every call is one script); the caller checked that METRICS is on."""
-    _pending.append((alias, call, seconds, None))
-    if len(_pending) > FOLD_AT:
-        tally.fold()
-
-
 def call_failed(alias: str, call: str, seconds: float, exc: Exception, job: str) -> None:
     """Count one store call that raised StoreUnavailable, and a ``store_error`` of ``job``."""
-    _pending.append((alias, call, seconds, str(exc)))
+    tally.failed.append((alias, call, seconds, str(exc)))
     decision(job, "store_error")
 
 
-_pending = tally.pending
+_decided = tally.decided
 _thread_started = False
 
 
@@ -163,13 +155,14 @@ def timed(method: F) -> F:
         try:
             answer = method(self, key, *args, **kwargs)
         except StoreUnavailable as exc:
-            _pending.append((self.alias, call, perf_counter() - started, str(exc)))
-            decision(str(getattr(key, "task_name", "") or "?"), "store_error")
+            call_failed(self.alias, call, perf_counter() - started, exc,
+                        str(getattr(key, "task_name", "") or "?"))
             raise
         finally:
             mine["busy"] = False
-        _pending.append((self.alias, call, perf_counter() - started, None))
-        if len(_pending) > FOLD_AT:
+        queue = tally.timing(self.alias, call)
+        queue.append(perf_counter() - started)
+        if len(queue) > FOLD_AT:
             tally.fold()
         return answer
 

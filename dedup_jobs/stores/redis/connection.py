@@ -23,6 +23,7 @@ from typing import Any
 from dedup_jobs import metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.metrics.tally import FOLD_AT
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.adapters import Adapter, Family, family, family_of
 
@@ -117,6 +118,8 @@ class RedisConnection:
         self._own_client = False
         self.adapter = adapter
         self._lib = lib = family(adapter.module)
+        #: where the seconds of each script's calls are counted (A5), by script name
+        self._timings: dict[str, Any] = {}
         self._errors = adapter.errors()
         # NOSCRIPT; other connection errors (the reply was lost: re-sent once); error
         # replies (the server answered: the connection is fine). A timeout is neither: a
@@ -173,7 +176,13 @@ class RedisConnection:
         except StoreUnavailable as exc:
             metrics.call_failed(self.alias, CALLS[name], perf_counter() - started, exc, job)
             raise
-        metrics.count_call(self.alias, CALLS[name], perf_counter() - started)
+        seconds = perf_counter() - started
+        queue = self._timings.get(name)
+        if queue is None:
+            queue = self._timings[name] = metrics.tally.timing(self.alias, CALLS[name])
+        queue.append(seconds)
+        if len(queue) > FOLD_AT:
+            metrics.tally.fold()
         return answer
 
     def _send(self, name: str, keys: list[str], args: Any) -> Any:
