@@ -53,6 +53,8 @@ def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
     cycle (a raising receiver between taking a lock and publishing would otherwise leave a
     lock with nothing queued): receivers' errors are logged on the dedup_jobs logger. Every
     signal carries ``observed`` (False unless the caller says so, R3)."""
+    if not signal.receivers:  # nobody listens (the usual case): skip the dispatch machinery
+        return
     kwargs.setdefault("observed", False)
     for receiver, response in signal.send_robust(sender=sender, **kwargs):
         if isinstance(response, Exception):

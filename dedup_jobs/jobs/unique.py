@@ -228,6 +228,7 @@ class UniqueJob(DedupJob):
         options: dict[str, Any],
     ) -> AsyncResult[Any]:
         metrics.decision(self.name, "deduplicated", key.key)
+        observing = self.observing()
         notify(
             unique_job_skipped,
             type(self),
@@ -235,9 +236,9 @@ class UniqueJob(DedupJob):
             holder_id=holder,
             key=key.key,
             stage="dispatch",
-            observed=self.observing(),
+            observed=observing,
         )
-        if self.observing():
+        if observing:
             # R3: reported, then published as a plain task would be; the worker runs it
             # without reporting it again (OBSERVED in its header).
             logger.info("%s[%s]: observe-only: would have %s (%s is held by %s); published.",
