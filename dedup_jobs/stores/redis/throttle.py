@@ -13,7 +13,14 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
 from dedup_jobs.stores.redis.connection import _text
-from dedup_jobs.stores.throttling import ASSUMED_RUN, limit_text, margin_ms
+from dedup_jobs.stores.throttling import (
+    ASSUMED_RUN,
+    HELD_BACK,
+    TURN_FACTOR,
+    TURN_PAD,
+    limit_text,
+    margin_ms,
+)
 
 #: the five keys of one throttle key (see throttle_scripts.py), as suffixes of it
 SUFFIXES = ("", ":slots", ":wait", ":starts", ":res")
@@ -63,6 +70,7 @@ class RedisThrottleMixin:
                 key.task_name, key.ident, self.deadline_ms(), _ms(lease / 3),
                 _ms(THROTTLE_GRACE), limit_text(concurrency, rate_limit, rate_period),
                 _ms(ASSUMED_RUN), margin_ms(rate_limit, rate_period), f"{random.random():.6f}",
+                TURN_FACTOR, _ms(TURN_PAD), HELD_BACK,
             ))
             if answer[0] == 1:
                 return Admission(admitted=True)
@@ -75,8 +83,8 @@ class RedisThrottleMixin:
         raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        keys = self._throttle_keys(key)[:3]
-        return bool(self._eval("THROTTLE_RELEASE", keys, (owner, _ms(THROTTLE_GRACE))))
+        keys = self._throttle_keys(key)[:2]
+        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,)))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
         keys = self._throttle_keys(key)[:2]
