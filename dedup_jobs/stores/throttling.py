@@ -14,7 +14,7 @@ TURN_PAD = 0.005
 
 #: while a waiter misses its turn (the broker holds it back behind a burst of newer
 #: messages), a message deferred meanwhile is planned at least this many times that
-#: waiter's lateness from now (at most LEASE_SECONDS / 6): to come back after the burst
+#: waiter's lateness from now (at most LEASE_SECONDS / 12): to come back after the burst
 HELD_BACK = 4
 
 

@@ -159,7 +159,7 @@ class DatabaseThrottleMixin:
         def plan() -> float:
             due = max(now + margin, (nth if nth is not None else now) + step)
             if missing is not None:
-                due = max(due, now + min(cap / 2, HELD_BACK * (now - missing)))
+                due = max(due, now + min(cap / 4, HELD_BACK * (now - missing)))
             return due + random.random() * min(1.0, step / 10)
 
         if me is not None and me <= now + margin / 2:

@@ -36,8 +36,8 @@ bursts), and comes back for it. Times are the server's clock (TIME).
 # if no planned turn needs it. While a waiter misses its turn (not back a step after it:
 # the broker holds it behind newer messages), its slot would idle: a newcomer takes any
 # free slot, and a message deferred meanwhile is planned at least the held-back factor x
-# that waiter's lateness from now (at most half the longest wait), to come back after the
-# burst.
+# that waiter's lateness from now (at most a quarter of the longest wait), to come back
+# after the burst.
 # Returns {1, now} admitted (a slot taken or kept, the start recorded), {0, "concurrency" |
 # "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed). A
 # re-send answers as the first: the start is known by its nonce, the slot by its owner, a
@@ -105,9 +105,9 @@ if n > 0 then
     local function plan()
       local at = math.max(now + margin, (nth or now) + step)
       if missing then
-        -- held back as that one is, several times as long again (at most half the longest
-        -- wait, so that the turns planned after it stay within the longest wait)
-        at = math.max(at, now + math.min(cap / 2, tonumber(ARGV[18]) * (now - missing)))
+        -- held back as that one is, several times as long again (at most a quarter of the
+        -- longest wait, so that the turns planned after it stay within the longest wait)
+        at = math.max(at, now + math.min(cap / 4, tonumber(ARGV[18]) * (now - missing)))
       end
       -- jitter, part of the turn (up to a tenth of a step, at most 1 s)
       return at + math.floor(tonumber(ARGV[15]) * math.min(1000, step / 10))
