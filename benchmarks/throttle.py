@@ -5,7 +5,7 @@
 a thread): the store's EVALSHAs per script (admissions, slot releases, renewals) and the
 broker's LPUSHes onto the queue (the first publish of every message plus every deferral).
 
-- ``concurrency=2``, a 50 ms body: the drain takes >= 1,000 x 0.05 / 2 = 25 s;
+- ``concurrency=2``, a 20 ms body: the drain takes >= 1,000 x 0.02 / 2 = 10 s;
 - ``throttle="10/s"``, an empty body: the drain takes >= 99.9 s (100 windows of 10 starts).
 
 Run (it flushes Redis databases 9-12 of DEDUP_JOBS_TEST_REDIS, like the tests; use a Redis
@@ -110,6 +110,14 @@ def main() -> None:
             str(row["published"]), f"{row['published'] / n:.2f}", str(deferrals),
             f"{deferrals / n:.2f}",
         ]) + " |")
+    print()
+    for row in rows:
+        n = row["messages"]
+        calls = row["admissions"] + row["releases"] + row["renewals"] + row["other"]
+        within = calls <= 3 * n and row["published"] <= 3 * n
+        print(f"{row['limit']}: {calls} store calls / {n} messages = {calls / n:.3f}, "
+              f"{row['published']} broker messages / {n} = {row['published'] / n:.3f}: "
+              f"{'within' if within else 'over'} the budget of 3 and 3.")
     print()
     print("store calls = admissions + releases + renewals (+ any other command on the store's "
           "database); broker msgs = LPUSH onto the queue (1 per message + 1 per deferral); "

@@ -320,12 +320,14 @@ class BaseStore(ABC):
         """T2/T3, atomically, on the store's clock: admit ``owner`` (a task id) to run under
         the throttle key ``key``, or defer it. ``concurrency`` (0: none): a slot free (or
         ``owner``'s already: a retry, a re-send) → taken for ``lease`` seconds (renewed by
-        :meth:`throttle_renew`, freed by :meth:`throttle_release`); all taken → deferred,
-        ``until`` = when its turn is estimated, queued behind earlier waiters, at most a
-        third of ``lease`` later. ``rate_limit`` per ``rate_period`` seconds (0: none):
-        fewer than that many starts in the last period and nobody waiting ahead → the start
-        is recorded (as ``delivery``, so a re-send answers the same, S7); else a start time
-        is reserved for ``owner`` and ``until`` names it."""
+        :meth:`throttle_renew`, freed by :meth:`throttle_release`) unless a waiter's
+        planned turn needs it; all taken → deferred, ``until`` = its planned turn (behind
+        earlier waiters' turns; a waiter back for its turn takes any free slot), at most a
+        third of ``lease`` later (see docs/throttling.md, Concurrency). ``rate_limit`` per
+        ``rate_period`` seconds (0: none): fewer than that many starts in the last period
+        and nobody waiting ahead → the start is recorded (as ``delivery``, so a re-send
+        answers the same, S7); else a start time is reserved for ``owner`` and ``until``
+        names it."""
         raise NotImplementedError(f"{self!r} cannot throttle")
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:

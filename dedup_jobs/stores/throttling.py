@@ -6,6 +6,17 @@ from __future__ import annotations
 #: then a run is expected to last as long again as the oldest running one has so far
 ASSUMED_RUN = 0.1
 
+#: a waiter's turn (T2) is planned this many average runs (plus TURN_PAD seconds) after the
+#: turn it follows on its slot: longer than a run on purpose, so that a waiter back for its
+#: turn finds a slot free (the price: the drain of a backlog runs below the slots' full rate)
+TURN_FACTOR = 1.2
+TURN_PAD = 0.005
+
+#: while a waiter misses its turn (the broker holds it back behind a burst of newer
+#: messages), a message deferred meanwhile is planned at least this many times that
+#: waiter's lateness from now (at most LEASE_SECONDS / 12): to come back after the burst
+HELD_BACK = 4
+
 
 def limit_text(concurrency: int, rate_limit: int, rate_period: float) -> str:
     """The limit as the admin shows it: "concurrency 2", "10/s", "concurrency 2, 10/s"."""

@@ -52,6 +52,8 @@ from tests.test_throttle_store import (  # noqa: F401 (collected here)
     test_concurrency_slots,
     test_rate_sliding_window,
     test_slot_is_a_lease,
+    test_waiter_back_for_its_turn_takes_any_free_slot,
+    test_waiters_missing_their_turns,
 )
 
 

@@ -21,7 +21,14 @@ from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
 from dedup_jobs.stores.database.models import ThrottleEntry, ThrottleKey
 from dedup_jobs.stores.database.servertime import ServerNow
-from dedup_jobs.stores.throttling import ASSUMED_RUN, limit_text, margin_ms
+from dedup_jobs.stores.throttling import (
+    ASSUMED_RUN,
+    HELD_BACK,
+    TURN_FACTOR,
+    TURN_PAD,
+    limit_text,
+    margin_ms,
+)
 
 SLOT, WAIT, START, RES = "slot", "wait", "start", "res"
 #: attempts when the key's row is created by another decision at the same time
@@ -89,25 +96,8 @@ class DatabaseThrottleMixin:
             if n:
                 holds = mine.filter(kind=SLOT, member=owner).exists()
                 if not holds:
-                    waiting = mine.filter(kind=WAIT)
-                    at = waiting.filter(member=owner).values_list("at", flat=True).first()
-                    me = _ts(at) if at is not None else None
-                    fresh = waiting.filter(at__gte=_dt(now - grace))
-                    ahead = (fresh.filter(at__lt=_dt(me)) if me is not None
-                             else fresh.filter(at__lte=_dt(now))).count()
-                    if mine.filter(kind=SLOT).count() + ahead >= n:
-                        pos = (waiting.filter(at__lt=_dt(me)).count() if me is not None
-                               else waiting.count()) + 1
-                        avg = ThrottleKey.objects.using(self.using).values_list(
-                            "avg_run", flat=True).get(pk=pk)
-                        if avg is None:  # as long again as the oldest running one so far
-                            oldest = mine.filter(kind=SLOT).order_by("at").values_list(
-                                "at", flat=True).first()
-                            avg = max(ASSUMED_RUN, now - _ts(oldest) if oldest else 0.0)
-                        turn = math.ceil(pos / n) * (avg * 1.2 + 0.01)  # as the script
-                        wait = min(cap, max(margin, turn))
-                        wait += random.random() * min(1.0, 0.01 + wait / 10)
-                        self._put(pk, WAIT, owner, now + wait, now + wait + lease)
+                    wait = self._wait_for_slot(pk, mine, owner, n, now, lease, margin)
+                    if wait is not None:
                         mine.filter(kind=RES, member=owner).delete()
                         return Admission(admitted=False, reason="concurrency",
                                          until=clock.now() + wait)
@@ -144,6 +134,45 @@ class DatabaseThrottleMixin:
                 mine.filter(kind=WAIT, member=owner).delete()
             return Admission(admitted=True)
 
+    def _wait_for_slot(self, pk: int, mine: Any, owner: str, n: int, now: float,
+                       lease: float, margin: float) -> float | None:
+        """T2, the rules of the script (``THROTTLE_ADMIT``): None when ``owner`` may take a
+        free slot, else the seconds until it is tried again (its turn planned, or kept)."""
+        cap = lease / 3
+        slots = list(mine.filter(kind=SLOT).values_list("at", flat=True))
+        waiting = mine.filter(kind=WAIT)
+        at = waiting.filter(member=owner).values_list("at", flat=True).first()
+        me = _ts(at) if at is not None else None
+        avg = ThrottleKey.objects.using(self.using).values_list("avg_run", flat=True).get(pk=pk)
+        if avg is None:  # as long again as the oldest running one so far
+            avg = max([ASSUMED_RUN, *(now - _ts(v) for v in slots)])
+        step = math.ceil((avg * TURN_FACTOR + TURN_PAD) * 1000) / 1000
+        others = waiting.exclude(member=owner)
+        planned = sorted([*(_ts(v) for v in slots), *(_ts(v) for v in others.order_by(
+            "-at").values_list("at", flat=True)[:n])], reverse=True)
+        nth = planned[n - 1] if len(planned) >= n else None
+        late = others.filter(at__gte=_dt(now - cap), at__lt=_dt(now - max(margin, step))
+                             ).order_by("at").values_list("at", flat=True).first()
+        missing = _ts(late) if late is not None else None
+        free = len(slots) < n
+
+        def plan() -> float:
+            due = max(now + margin, (nth if nth is not None else now) + step)
+            if missing is not None:
+                due = max(due, now + min(cap / 4, HELD_BACK * (now - missing)))
+            return due + random.random() * min(1.0, step / 10)
+
+        if me is not None and me <= now + margin / 2:
+            if free:
+                return None  # back for its turn: any free slot
+            due = plan()
+        elif free and (missing is not None or nth is None or nth + step <= now):
+            return None  # a free slot no turn needs, or any while waiters miss theirs
+        else:
+            due = me if me is not None else plan()  # an early waiter keeps its turn
+        self._put(pk, WAIT, owner, due, due + lease)
+        return min(due - now, cap)
+
     def _put(self, pk: int, kind: str, member: str, at: float, expires: float) -> None:
         entries = ThrottleEntry.objects.using(self.using)
         if not entries.filter(throttle_id=pk, kind=kind, member=member).update(
@@ -169,14 +198,6 @@ class DatabaseThrottleMixin:
                 return False
             took = max(0.001, _ts(now) - _ts(started))
             rows.filter(pk=pk).update(avg_run=took if avg is None else avg * 0.7 + took * 0.3)
-            # hand the slot over to the waiter whose turn comes first (as the script)
-            entries = ThrottleEntry.objects.using(self.using).filter(throttle_id=pk)
-            waiter = entries.filter(kind=WAIT, at__gte=_dt(_ts(now) - THROTTLE_GRACE)).order_by(
-                "at").values_list("member", "at").first()
-            if waiter is not None:
-                due = max(_ts(now), _ts(waiter[1]))
-                entries.filter(kind=WAIT, member=waiter[0]).delete()
-                self._put(pk, SLOT, waiter[0], due, due + THROTTLE_GRACE)
             return True
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:

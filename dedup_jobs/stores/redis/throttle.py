@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
+from dedup_jobs.stores import throttling as plan
 from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
 from dedup_jobs.stores.redis.connection import _text
-from dedup_jobs.stores.throttling import ASSUMED_RUN, limit_text, margin_ms
 
 #: the five keys of one throttle key (see throttle_scripts.py), as suffixes of it
 SUFFIXES = ("", ":slots", ":wait", ":starts", ":res")
@@ -61,8 +61,9 @@ class RedisThrottleMixin:
             answer = self._eval("THROTTLE_ADMIT", keys, (
                 owner, delivery, concurrency, _ms(lease), rate_limit, _ms(rate_period),
                 key.task_name, key.ident, self.deadline_ms(), _ms(lease / 3),
-                _ms(THROTTLE_GRACE), limit_text(concurrency, rate_limit, rate_period),
-                _ms(ASSUMED_RUN), margin_ms(rate_limit, rate_period), f"{random.random():.6f}",
+                _ms(THROTTLE_GRACE), plan.limit_text(concurrency, rate_limit, rate_period),
+                _ms(plan.ASSUMED_RUN), plan.margin_ms(rate_limit, rate_period),
+                f"{random.random():.6f}", plan.TURN_FACTOR, _ms(plan.TURN_PAD), plan.HELD_BACK,
             ))
             if answer[0] == 1:
                 return Admission(admitted=True)
@@ -75,8 +76,8 @@ class RedisThrottleMixin:
         raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        keys = self._throttle_keys(key)[:3]
-        return bool(self._eval("THROTTLE_RELEASE", keys, (owner, _ms(THROTTLE_GRACE))))
+        keys = self._throttle_keys(key)[:2]
+        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,)))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
         keys = self._throttle_keys(key)[:2]

@@ -7,7 +7,7 @@ is five keys sharing its hash tag (suffixes, so they share a slot on a Redis Clu
 - ``K``         hash: task, id, limit (text, for the admin), n, k, p, avg (EWMA of run
                 durations, ms), "s:"..owner (start of each slot, ms)
 - ``K:slots``   sorted set: concurrency slots, member = owner task id, score = lease expiry
-- ``K:wait``    sorted set: messages deferred for a slot, score = when they come back
+- ``K:wait``    sorted set: messages deferred for a slot, score = their planned turn
 - ``K:starts``  sorted set: starts of the last period, member = delivery nonce, score = when
 - ``K:res``     sorted set: start times reserved for deferred messages, member = task id
 
@@ -24,10 +24,20 @@ bursts), and comes back for it. Times are the server's clock (TIME).
 # ARGV[1] owner (task id), ARGV[2] delivery nonce, ARGV[3] concurrency (0: none),
 # ARGV[4] lease ms, ARGV[5] starts per period (0: none), ARGV[6] period ms, ARGV[7] task name,
 # ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none), ARGV[10] longest wait
-# for a slot ms, ARGV[11] grace ms (a waiter late by more loses its turn), ARGV[12] limit
+# for a slot ms, ARGV[11] grace ms (a reservation late by more is dropped), ARGV[12] limit
 # text, ARGV[13] the shortest run duration assumed before one was measured ms, ARGV[14]
-# margin ms, ARGV[15] a random fraction in [0, 1): the jitter of a wait for a slot (up to a
-# quarter of the wait, at most 1 s), part of the waiter's turn so they come back in turn
+# margin ms, ARGV[15] a random fraction in [0, 1): the jitter of a turn (up to a tenth of a
+# step + 10 ms, at most 1 s), part of the waiter's turn, ARGV[16] the turn factor and
+# ARGV[17] the turn pad ms (a step, the time a slot is planned for per run, is the average
+# run x the factor + the pad), ARGV[18] the held-back factor (see below)
+# Concurrency: the waiters' turns are a plan of N lanes (one per slot): a waiter's turn is
+# one step after the N-th latest planned start (running slots' starts, other waiters'
+# turns); a waiter back for its turn takes any free slot; a newcomer takes a free slot only
+# if no planned turn needs it. While a waiter misses its turn (not back a step after it:
+# the broker holds it behind newer messages), its slot would idle: a newcomer takes any
+# free slot, and a message deferred meanwhile is planned at least the held-back factor x
+# that waiter's lateness from now (at most a quarter of the longest wait), to come back
+# after the burst.
 # Returns {1, now} admitted (a slot taken or kept, the start recorded), {0, "concurrency" |
 # "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed). A
 # re-send answers as the first: the start is known by its nonce, the slot by its owner, a
@@ -58,40 +68,66 @@ if n > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - lease))
   holds = redis.call('ZSCORE', KEYS[2], owner) ~= false
   if not holds then
-    local mine = redis.call('ZSCORE', KEYS[3], owner)
-    local ahead
-    if mine then
-      ahead = redis.call('ZCOUNT', KEYS[3], now - grace, '(' .. mine)
-    else
-      ahead = redis.call('ZCOUNT', KEYS[3], now - grace, now)
+    local mine = tonumber(redis.call('ZSCORE', KEYS[3], owner))
+    local slots = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local free = #slots / 2 < n
+    -- the planned starts: each running slot's start, each waiter's turn (but the caller's)
+    local planned, oldest = {}, tonumber(ARGV[13])
+    for i = 1, #slots, 2 do
+      local s = tonumber(redis.call('HGET', KEYS[1], 's:' .. slots[i]))
+      s = s or (tonumber(slots[i + 1]) - lease)
+      planned[#planned + 1] = s
+      if now - s > oldest then oldest = now - s end
     end
-    if redis.call('ZCARD', KEYS[2]) + ahead >= n then
-      local pos
-      if mine then
-        pos = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. mine) + 1
-      else
-        pos = redis.call('ZCARD', KEYS[3]) + 1
+    -- no run measured yet: expect the running ones to last as long again as the oldest
+    -- has so far (at least the assumed minimum)
+    local avg = tonumber(redis.call('HGET', KEYS[1], 'avg')) or oldest
+    -- a step, the time a slot is planned for per run: the average run, made longer on
+    -- purpose (a waiter back while every slot is still taken costs a deferral more; one
+    -- back late only leaves a slot idle for a moment)
+    local step = math.ceil(avg * tonumber(ARGV[16]) + tonumber(ARGV[17]))
+    local w = redis.call('ZREVRANGE', KEYS[3], 0, n, 'WITHSCORES')
+    for i = 1, #w, 2 do
+      if w[i] ~= owner then planned[#planned + 1] = tonumber(w[i + 1]) end
+    end
+    table.sort(planned, function(x, y) return x > y end)
+    -- N lanes, one per slot: the earliest a slot is planned free is one step after the
+    -- N-th latest planned start
+    local nth = planned[n]
+    -- the oldest waiter (but the caller) not back a step after its turn: the broker holds
+    -- it back behind newer messages (a burst), and its slot idles meanwhile
+    local tol = math.max(margin, step)
+    local late = redis.call('ZRANGEBYSCORE', KEYS[3], now - cap, '(' .. (now - tol),
+                            'WITHSCORES', 'LIMIT', 0, 2)
+    local missing
+    if late[1] and late[1] ~= owner then missing = tonumber(late[2])
+    elseif late[3] then missing = tonumber(late[4]) end
+    local function plan()
+      local at = math.max(now + margin, (nth or now) + step)
+      if missing then
+        -- held back as that one is, several times as long again (at most a quarter of the
+        -- longest wait, so that the turns planned after it stay within the longest wait)
+        at = math.max(at, now + math.min(cap / 4, tonumber(ARGV[18]) * (now - missing)))
       end
-      local avg = tonumber(redis.call('HGET', KEYS[1], 'avg'))
-      if not avg then
-        -- no run measured yet: expect the running ones to last as long again as the
-        -- oldest has so far (at least the assumed minimum)
-        avg = tonumber(ARGV[13])
-        for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-          local s = tonumber(redis.call('HGET', KEYS[1], 's:' .. m))
-          if s and now - s > avg then avg = now - s end
-        end
-      end
-      -- rounds of runs, each a little longer than the average run (a waiter that comes
-      -- back too early costs a deferral more; one that comes late only leaves its slot,
-      -- handed over to it at a release, idle for a moment)
-      local turn = math.ceil(pos / n) * (avg * 1.2 + 10)
-      local wait = math.min(cap, math.max(margin, turn))
-      wait = wait + math.floor(tonumber(ARGV[15]) * math.min(1000, 10 + wait / 10))
-      redis.call('ZADD', KEYS[3], now + wait, owner)
+      -- jitter, part of the turn (up to a tenth of a step, at most 1 s)
+      return at + math.floor(tonumber(ARGV[15]) * math.min(1000, step / 10))
+    end
+    local due
+    if mine and mine <= now + margin / 2 then
+      -- a waiter back for its turn takes any free slot (none is held for another waiter);
+      -- if the runs outlasted the plan and none is free, it is planned again
+      if not free then due = plan() end
+    elseif not free or (not missing and nth and nth + step > now) then
+      -- a newcomer (or a waiter back before its turn: its countdown was cut to the longest
+      -- wait) takes a free slot no planned turn needs, or any free slot while waiters miss
+      -- their turns; else it is planned (the early waiter keeps its turn)
+      due = mine or plan()
+    end
+    if due then
+      redis.call('ZADD', KEYS[3], due, owner)
       redis.call('ZREM', KEYS[5], owner)
       keep()
-      return {0, 'concurrency', now + wait, now}
+      return {0, 'concurrency', math.min(due, now + cap), now}
     end
   end
 end
@@ -142,11 +178,9 @@ return {1, now}
 """
 
 # THROTTLE_RELEASE — free the caller's concurrency slot at the end of its run (T4: one round
-# trip), fold the run's duration into the average run ('avg') the waiters' turns are made
-# of, and hand the slot over to the waiter whose turn comes first (not one that is more than
-# the grace late: it lost its turn): the slot is held for it until its turn + grace, so it is
-# admitted when it comes back, whatever else arrives meanwhile.
-# KEYS[1] hash, KEYS[2] slots, KEYS[3] wait; ARGV[1] owner, ARGV[2] grace ms
+# trip) and fold the run's duration into the average run ('avg') the waiters' turns are
+# planned with. The slot is free for any waiter back for its turn (see THROTTLE_ADMIT).
+# KEYS[1] hash, KEYS[2] slots; ARGV[1] owner
 # Returns 1 when the caller's slot was freed, 0 when it held none (gone, or a re-send).
 THROTTLE_RELEASE = """
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
@@ -159,15 +193,6 @@ if started then
   if avg then took = math.floor(avg * 0.7 + took * 0.3) end
   redis.call('HSET', KEYS[1], 'avg', took)
   redis.call('HDEL', KEYS[1], 's:' .. ARGV[1])
-end
-local grace = tonumber(ARGV[2])
-local next = redis.call('ZRANGEBYSCORE', KEYS[3], now - grace, '+inf', 'WITHSCORES',
-                        'LIMIT', 0, 1)
-if next[1] then
-  local due = math.max(now, tonumber(next[2]))
-  redis.call('ZREM', KEYS[3], next[1])
-  redis.call('ZADD', KEYS[2], due + grace, next[1])
-  redis.call('HSET', KEYS[1], 's:' .. next[1], due)
 end
 return 1
 """
