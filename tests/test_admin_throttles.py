@@ -15,8 +15,6 @@ from django.test import Client, override_settings
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.database.models import ThrottleKey
-from dedup_jobs.stores.redis.throttle import SUFFIXES
-from dedup_jobs.stores.throttling import margin_ms
 from tests.admin_helpers import PASSWORD, TX, TX_PG, make_user
 
 THROTTLES = "/admin/dedup_jobs/throttlekey/"
@@ -87,14 +85,13 @@ def _fill_redis(count: int) -> None:
     s: Any = get_store("redis")
     client = s.client
     sha = client.script_load(scripts.THROTTLE_ADMIT)
-    index = s.throttle_index_key()
     for start in range(0, count, 5000):
         pipe = client.pipeline(transaction=False)
         for i in range(start, min(count, start + 5000)):
-            key = s.physical(build_key("throttle", "shop.bulk", f"tenant={i}").key)
-            pipe.evalsha(sha, 6, *[key + suffix for suffix in SUFFIXES], index,
-                         f"o{i}", f"d{i}", 2, 60000, 0, 1000, "shop.bulk", f"tenant={i}", 0,
-                         20000, 2000, "concurrency 2", 100, margin_ms(0, 1), "0.5")
+            key = build_key("throttle", "shop.bulk", f"tenant={i}")
+            pipe.evalsha(sha, 6, *s._throttle_keys(key), *s.admit_arguments(
+                key, f"o{i}", delivery=f"d{i}", concurrency=2, rate_limit=0, rate_period=1.0,
+                lease=60.0, deadline_ms=0))
         pipe.execute()
 
 

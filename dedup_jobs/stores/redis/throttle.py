@@ -52,19 +52,30 @@ class RedisThrottleMixin:
 
     can_throttle = True
 
+    def admit_arguments(
+        self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
+        rate_period: float, lease: float, deadline_ms: int,
+    ) -> tuple[Any, ...]:
+        """THROTTLE_ADMIT's ARGV, in the one place that knows their order (the admin's
+        scale test fills its keys with it too)."""
+        return (
+            owner, delivery, concurrency, _ms(lease), rate_limit, _ms(rate_period),
+            key.task_name, key.ident, deadline_ms, _ms(lease / 3),
+            _ms(THROTTLE_GRACE), plan.limit_text(concurrency, rate_limit, rate_period),
+            _ms(plan.ASSUMED_RUN), plan.margin_ms(rate_limit, rate_period),
+            f"{random.random():.6f}", plan.TURN_FACTOR, _ms(plan.TURN_PAD), plan.HELD_BACK,
+        )
+
     def throttle_admit(
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
         rate_period: float, lease: float,
     ) -> Admission:
         keys = self._throttle_keys(key)
         for _attempt in range(2):
-            answer = self._eval("THROTTLE_ADMIT", keys, (
-                owner, delivery, concurrency, _ms(lease), rate_limit, _ms(rate_period),
-                key.task_name, key.ident, self.deadline_ms(), _ms(lease / 3),
-                _ms(THROTTLE_GRACE), plan.limit_text(concurrency, rate_limit, rate_period),
-                _ms(plan.ASSUMED_RUN), plan.margin_ms(rate_limit, rate_period),
-                f"{random.random():.6f}", plan.TURN_FACTOR, _ms(plan.TURN_PAD), plan.HELD_BACK,
-            ))
+            answer = self._eval("THROTTLE_ADMIT", keys, self.admit_arguments(
+                key, owner, delivery=delivery, concurrency=concurrency, rate_limit=rate_limit,
+                rate_period=rate_period, lease=lease, deadline_ms=self.deadline_ms(),
+            ), key.task_name)
             if answer[0] == 1:
                 return Admission(admitted=True)
             if answer[0] == 0:
@@ -77,11 +88,12 @@ class RedisThrottleMixin:
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
         keys = self._throttle_keys(key)[:2]
-        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,)))
+        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,), key.task_name))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
         keys = self._throttle_keys(key)[:2]
-        answer = _text(self._eval("THROTTLE_RENEW", keys, (owner, _ms(ttl), limit)))
+        answer = _text(self._eval("THROTTLE_RENEW", keys, (owner, _ms(ttl), limit),
+                                  key.task_name))
         if answer == "0":
             return Renewed(held=False, holder="(every slot taken)")
         return Renewed(held=True, retaken=answer == "2")
