@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/growth.py
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 from benchmarks import app as bench
-from benchmarks.redisutil import client, clean
+from benchmarks.redisutil import clean, client
 from benchmarks.settings import STORE_DB
 from dedup_jobs import clock
 from dedup_jobs.jobs.base import new_task_id
