@@ -1,20 +1,21 @@
 """``python -m benchmarks.growth``: does a decision get slower as the store holds more locks?
 
-The store (the benchmark's django-redis cache, database 14) is filled with 1,000, then
-100,000, then 1,000,000 held locks of ``bench.unique``, each made as ACQUIRE makes one (the
-same hash fields, PEXPIRE, and its entry in the ``unique`` index zset, scored by its expiry;
-the benchmark checks a filled lock against a real one before it measures), by a Lua script
-taking a batch of locks per call. At each size, ``--samples`` times over: a first acquire of a
-fresh key, a duplicate acquire of a random held key, the worker's start of the fresh lock and
-its release (the store API, one round trip each: the decisions of a UniqueJob's dispatch,
-duplicate, worker start and finish), each timed alone. ``used_memory`` (INFO memory) before
-and after each fill gives the bytes per held lock.
+Three stores (django-redis caches on databases 1, 2 and 3 of the benchmark's Redis: the
+server's dict of a database is what grows) are filled with 1,000, 100,000 and 1,000,000 held
+locks of ``bench.unique``, each made as ACQUIRE makes one (the same hash fields, PEXPIRE, and
+its entry in the ``unique`` index zset, scored by its expiry; the benchmark checks a filled
+lock against a real one before it measures), by a Lua script taking a batch of locks per
+call. At each size, ``--samples`` times over (in ``--rounds`` rounds, the sizes' order
+rotating): a first acquire of a fresh key, a duplicate acquire of a random held key, the
+worker's start of the fresh lock and its release (the store API, one round trip each: the
+decisions of a UniqueJob's dispatch, duplicate, worker start and finish), each timed alone.
+``used_memory`` (INFO memory) before and after each fill gives the bytes per held lock.
 
 Last, the **stale index** case: locks that expired by themselves (never-run jobs, killed
 workers) leave their index entries behind until an index trim removes them; the release that
 meets ``--stale`` of them is timed alone.
 
-Run against a Redis of your own (it flushes databases 13-15 of it, and fills 14):
+Run against a Redis of your own (it flushes databases 1-3 of it, and fills them; ~0.5 GB):
     DEDUP_JOBS_BENCH_REDIS=redis://127.0.0.1:<port> DEDUP_JOBS_BENCH_QUEUE=<queue> \\
         uv run python -m benchmarks.growth [--sizes 1000,100000,1000000] [--samples 2000]
 """
@@ -34,12 +35,13 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/growth.py
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
-from benchmarks import app as bench
-from benchmarks.redisutil import clean, client
-from benchmarks.settings import STORE_DB
+from benchmarks import app as bench  # noqa: F401  (Django set up, the job registered)
+from benchmarks.redisutil import client
+from benchmarks.settings import REDIS_URL
 from dedup_jobs import clock
 from dedup_jobs.jobs.base import new_task_id
 from dedup_jobs.keys import JobKey
+from dedup_jobs.stores import get_store
 from dedup_jobs.stores.redis.store import RedisStore
 
 HOLD_MS = 3_600_000  # the filled locks outlive the run
@@ -89,7 +91,7 @@ def used_memory() -> int:
 
 
 def fill(store: RedisStore, first: int, count: int, say: Callable[[str], None]) -> None:
-    redis = client(STORE_DB)
+    redis = store.client
     script = redis.register_script(FILL)
     index = store.index_key()
     started = time.monotonic()
@@ -105,7 +107,7 @@ def fill(store: RedisStore, first: int, count: int, say: Callable[[str], None]) 
 
 def check_fill(store: RedisStore) -> None:
     """A filled lock is what ACQUIRE leaves: same fields, encodings and index entry."""
-    redis = client(STORE_DB)
+    redis = store.client
     real = key_of(-1)
     store.acquire(real, new_task_id(), HOLD_MS / 1000, now=clock.now())
     real_key, filled_key = store.physical(real.key), store.physical(key_of(0).key)
@@ -145,7 +147,7 @@ def p99(values: list[float]) -> float:
 
 def stale_release(store: RedisStore, stale: int, say: Callable[[str], None]) -> float:
     """µs of the release that meets ``stale`` index entries of expired locks."""
-    redis = client(STORE_DB)
+    redis = store.client
     script = redis.register_script(STALE)
     index = store.index_key()
     prefix = store.physical("dedup_jobs:unique:bench.unique:gone=")
@@ -161,6 +163,26 @@ def stale_release(store: RedisStore, stale: int, say: Callable[[str], None]) -> 
     return elapsed
 
 
+#: one database per size (the server's dict of a database is what grows), 1, 2, 3, ...
+FIRST_DB = 1
+
+
+def stores_for(sizes: list[int]) -> list[RedisStore]:
+    """One store per size, each on a database of its own of the benchmark's Redis."""
+    from django.conf import settings
+
+    caches = {**settings.CACHES}
+    for n, size in enumerate(sizes):
+        caches[f"growth{size}"] = {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"{REDIS_URL}/{FIRST_DB + n}",
+        }
+    settings.CACHES = caches  # before any store of them is made (caches are lazy)
+    found = [get_store(f"growth{size}") for size in sizes]
+    assert all(isinstance(store, RedisStore) for store in found)
+    return found  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.growth",
@@ -169,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sizes", default="1000,100000,1000000")
     parser.add_argument("--samples", type=int, default=2000, help="per decision and size")
+    parser.add_argument("--rounds", type=int, default=10, help="the samples come in rounds")
     parser.add_argument("--stale", type=int, default=100_000, help="0: skip that case")
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -176,43 +199,46 @@ def main(argv: list[str] | None = None) -> int:
     def say(text: str) -> None:
         print(text, flush=True)
 
-    store = bench.unique.store()
-    assert isinstance(store, RedisStore)
-    clean()
+    stores = stores_for(sizes)
+    for n in range(len(sizes)):
+        client(FIRST_DB + n).flushdb()
     say(
-        f"growth: sizes {sizes}, {args.samples} samples per decision, load {os.getloadavg()[0]:.2f}"
+        f"growth: sizes {sizes}, {args.samples} samples per decision and size in "
+        f"{args.rounds} interleaved rounds, load {os.getloadavg()[0]:.2f}"
     )
-    rows: list[tuple[int, dict[str, list[float]], float]] = []
-    held, base_memory = 0, used_memory()
+    per_lock: list[float] = []
+    for store, size in zip(stores, sizes, strict=True):
+        before = used_memory()
+        fill(store, 0, size, say)
+        per_lock.append((used_memory() - before) / size)
+    check_fill(stores[0])
+    got: list[dict[str, list[float]]] = [{name: [] for name in DECISIONS} for _ in sizes]
     fresh = [10 * max(sizes)]
-    for size in sizes:
-        fill(store, held, size - held, say)
-        held = size
-        if len(rows) == 0:
-            check_fill(store)
-        per_lock = (used_memory() - base_memory) / held
-        got = measure(store, held, 200, fresh)  # warm up
-        got = measure(store, held, args.samples, fresh)
-        rows.append((size, got, per_lock))
-        say(
-            f"  {size:,}: "
-            + ", ".join(f"{name} {statistics.median(v):.0f} µs" for name, v in got.items())
-        )
-    stale = stale_release(store, args.stale, say) if args.stale else None
-    clean()
-    first = {name: statistics.median(v) for name, v in rows[0][1].items()}
-    head = " | ".join(f"{name} median µs (p99) | x 1,000 row" for name in DECISIONS)
+    for store, size in zip(stores, sizes, strict=True):
+        measure(store, size, 200, fresh)  # warm up
+    for round_no in range(args.rounds):
+        shift = round_no % len(sizes)
+        for n in list(range(len(sizes)))[shift:] + list(range(len(sizes)))[:shift]:
+            for name, values in measure(
+                stores[n], sizes[n], args.samples // args.rounds, fresh
+            ).items():
+                got[n][name] += values
+    stale = stale_release(stores[0], args.stale, say) if args.stale else None
+    for n in range(len(sizes)):
+        client(FIRST_DB + n).flushdb()
+    first = {name: statistics.median(v) for name, v in got[0].items()}
+    head = " | ".join(f"{name} median µs (p99) | x {sizes[0]:,} row" for name in DECISIONS)
     lines = [
         "",
         f"| held locks | {head} | bytes per lock |",
         "|---" * (2 + 2 * len(DECISIONS)) + "|",
     ]
-    for size, got, per_lock in rows:
+    for size, row, memory in zip(sizes, got, per_lock, strict=True):
         cells = []
         for name in DECISIONS:
-            median = statistics.median(got[name])
-            cells.append(f"{median:.0f} ({p99(got[name]):.0f}) | {median / first[name]:.2f}")
-        lines.append(f"| {size:,} | {' | '.join(cells)} | {per_lock:.0f} |")
+            median = statistics.median(row[name])
+            cells.append(f"{median:.0f} ({p99(row[name]):.0f}) | {median / first[name]:.2f}")
+        lines.append(f"| {size:,} | {' | '.join(cells)} | {memory:.0f} |")
     if stale is not None:
         lines += ["", f"- release meeting {args.stale:,} stale index entries: {stale:,.0f} µs"]
     say("\n".join(lines))
