@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in range(len(sizes)):
         client(FIRST_DB + n).flushdb()
     first = {name: statistics.median(v) for name, v in got[0].items()}
-    head = " | ".join(f"{name} median µs (p99) | x {sizes[0]:,} row" for name in DECISIONS)
+    head = " | ".join(
+        f"{name} median µs (p99) | x {sizes[0]:,} row (ratio of medians)" for name in DECISIONS
+    )
     lines = [
         "",
         f"| held locks | {head} | bytes per lock |",
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for name in DECISIONS:
             median = statistics.median(row[name])
-            cells.append(f"{median:.0f} ({p99(row[name]):.0f}) | {median / first[name]:.2f}")
+            cells.append(f"{median:.1f} ({p99(row[name]):.0f}) | {median / first[name]:.2f}")
         lines.append(f"| {size:,} | {' | '.join(cells)} | {memory:.0f} |")
     if stale is not None:
         lines += ["", f"- release meeting {args.stale:,} stale index entries: {stale:,.0f} µs"]
