@@ -65,6 +65,28 @@ def test_short_jobs_do_not_wake_the_lease_thread_per_job(redis_store: Any) -> No
     assert woke <= 1, f"the lease thread woke {woke} times for 50 jobs"
 
 
+def test_a_stream_of_short_jobs_alone_does_not_wake_the_lease_thread_per_job(
+    redis_store: Any,
+) -> None:
+    """U5: with no other lease running (the thread idle between jobs, as in a worker of short
+    tasks), 50 short jobs one after the other (3 s leases, renewals due in 1 s) wake the
+    thread no more than a few times: it waits as long as a renewal interval when idle."""
+    keeper = Counted()
+    key, first = _hold(keeper, redis_store, "idle-first", 3.0)
+    with first:
+        pass
+    redis_store.release(key, "idle-first")
+    wait_for(lambda: keeper._wake_at > time.monotonic(), timeout=10)  # idle, waiting
+    before = keeper.ticks
+    for n in range(50):
+        short_key, short_hold = _hold(keeper, redis_store, f"idle-{n}", 3.0)
+        with short_hold:
+            pass
+        redis_store.release(short_key, f"idle-{n}")
+    woke = keeper.ticks - before
+    assert woke <= 3, f"the lease thread woke {woke} times for 50 jobs"
+
+
 def test_a_lease_due_sooner_still_wakes_the_thread_and_is_renewed(redis_store: Any) -> None:
     """U5: a job whose renewal is due before the thread's planned wake-up wakes it: its lock
     (1.5 s lease, renewed every 0.5 s) outlives three lease lengths."""

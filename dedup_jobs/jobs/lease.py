@@ -80,6 +80,10 @@ class LeaseKeeper:
         # and looks at every lease before it waits again): a new lease due no sooner needs
         # no wake-up call, so a stream of short jobs does not wake the thread once per job
         self._wake_at = -math.inf
+        # How long the thread waits with no lease running: the renewal interval of the last
+        # lease (at most IDLE_WAIT), so that the next short job's lease, due as soon, is due
+        # no sooner than the thread wakes anyway and needs no wake-up call either
+        self._idle_wait = IDLE_WAIT
 
     def _after_fork(self) -> None:
         # The parent's thread and mutex state did not come along into the child.
@@ -106,6 +110,7 @@ class LeaseKeeper:
             token = self._next_token
             self._leases[token] = lease
             deliver = self._ensure_thread()
+            self._idle_wait = min(IDLE_WAIT, ttl / 3)
             wake = lease.due < self._wake_at
         if deliver:
             threading.Thread(target=self._keep_delivering, daemon=True).start()
@@ -184,7 +189,7 @@ class LeaseKeeper:
         with self._mutex:
             current = list(self._leases.items())
             now = time.monotonic()
-            next_due = min((lease.due for _, lease in current), default=now + IDLE_WAIT)
+            next_due = min((lease.due for _, lease in current), default=now + self._idle_wait)
             wait = min(next_due - now, IDLE_WAIT)
             # Set with the copy, under _mutex: a lease added after it rings if due sooner.
             self._wake_at = now + wait if wait > 0 else -math.inf
