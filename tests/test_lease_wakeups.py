@@ -47,6 +47,17 @@ def _hold(keeper: LeaseKeeper, store: Any, name: str, ttl: float) -> Any:
     return key, keeper.hold(store, key, name, ttl, sender=type(jobs.unique_sleep))
 
 
+def _wake_ups_for_jobs(keeper: Counted, store: Any, prefix: str, ttl: float) -> int:
+    """How often the thread woke while 50 short jobs ran one after the other."""
+    before = keeper.ticks
+    for n in range(50):
+        key, hold = _hold(keeper, store, f"{prefix}-{n}", ttl)
+        with hold:
+            pass
+        store.release(key, f"{prefix}-{n}")
+    return keeper.ticks - before
+
+
 def test_short_jobs_do_not_wake_the_lease_thread_per_job(redis_store: Any) -> None:
     """U5: while the thread waits (for at most IDLE_WAIT) for a renewal due sooner than any
     new job's, 50 jobs start and end without waking it."""
@@ -54,13 +65,7 @@ def test_short_jobs_do_not_wake_the_lease_thread_per_job(redis_store: Any) -> No
     key, long_hold = _hold(keeper, redis_store, "wake-long", 60.0)  # renewal due in 20 s
     with long_hold:
         wait_for(lambda: keeper._wake_at > time.monotonic(), timeout=10)  # it waits now
-        before = keeper.ticks
-        for n in range(50):
-            short_key, short_hold = _hold(keeper, redis_store, f"wake-short-{n}", 60.0)
-            with short_hold:
-                pass
-            redis_store.release(short_key, f"wake-short-{n}")
-        woke = keeper.ticks - before
+        woke = _wake_ups_for_jobs(keeper, redis_store, "wake-short", 60.0)
     redis_store.release(key, "wake-long")
     assert woke <= 1, f"the lease thread woke {woke} times for 50 jobs"
 
@@ -77,13 +82,7 @@ def test_a_stream_of_short_jobs_alone_does_not_wake_the_lease_thread_per_job(
         pass
     redis_store.release(key, "idle-first")
     wait_for(lambda: keeper._wake_at > time.monotonic(), timeout=10)  # idle, waiting
-    before = keeper.ticks
-    for n in range(50):
-        short_key, short_hold = _hold(keeper, redis_store, f"idle-{n}", 3.0)
-        with short_hold:
-            pass
-        redis_store.release(short_key, f"idle-{n}")
-    woke = keeper.ticks - before
+    woke = _wake_ups_for_jobs(keeper, redis_store, "idle", 3.0)
     assert woke <= 3, f"the lease thread woke {woke} times for 50 jobs"
 
 
