@@ -88,14 +88,14 @@ def test_a_stream_of_short_jobs_alone_does_not_wake_the_lease_thread_per_job(
 
 def test_a_lease_due_sooner_still_wakes_the_thread_and_is_renewed(redis_store: Any) -> None:
     """U5: a job whose renewal is due before the thread's planned wake-up wakes it: its lock
-    (1.5 s lease, renewed every 0.5 s) outlives three lease lengths."""
+    (1.2 s lease, renewed every 0.4 s) outlives two lease lengths."""
     keeper = Counted()
     key, long_hold = _hold(keeper, redis_store, "due-long", 60.0)
     with long_hold:
         wait_for(lambda: keeper._wake_at > time.monotonic(), timeout=10)
-        short_key, short_hold = _hold(keeper, redis_store, "due-short", 1.5)
+        short_key, short_hold = _hold(keeper, redis_store, "due-short", 1.2)
         with short_hold:
-            time.sleep(4.5)
+            time.sleep(2.4)
             lock = redis_store.get(short_key)
         redis_store.release(short_key, "due-short")
     redis_store.release(key, "due-long")
