@@ -32,7 +32,8 @@ from dedup_jobs.stores.base import BaseStore
 logger = logging.getLogger("dedup_jobs")
 
 
-#: seconds the renewal thread sleeps when no job is running
+#: seconds the renewal thread sleeps at most (with no job running: the renewal interval of the
+#: last lease, if shorter)
 IDLE_WAIT = 5.0
 #: seconds between two deliveries of the lease's log records and signals under gevent/eventlet
 DELIVER_EVERY = 0.2
