@@ -20,9 +20,22 @@ LOG = ROOT / "benchmarks" / ".worker.log"
 
 
 @contextmanager
-def worker(*, concurrency: int = 2, lease: float = 3.0) -> Iterator[subprocess.Popen[bytes]]:
-    """``celery worker`` (prefork) on the benchmark queue; SIGKILLed at the end if alive."""
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "BENCH_LEASE": str(lease)}
+def worker(
+    *,
+    concurrency: int = 2,
+    lease: float = 3.0,
+    pool: str = "prefork",
+    include: str = "",
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``celery worker`` (``pool``, prefork by default) on the benchmark queue, importing the
+    modules ``include`` names too (comma-separated); SIGKILLed at the end if alive."""
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+        "BENCH_LEASE": str(lease),
+        **(env or {}),
+    }
     cmd = [
         sys.executable,
         "-m",
@@ -31,7 +44,7 @@ def worker(*, concurrency: int = 2, lease: float = 3.0) -> Iterator[subprocess.P
         "benchmarks.app",
         "worker",
         "-P",
-        "prefork",
+        pool,
         "-c",
         str(concurrency),
         "-l",
@@ -43,6 +56,7 @@ def worker(*, concurrency: int = 2, lease: float = 3.0) -> Iterator[subprocess.P
         QUEUE,
         "-n",
         f"bench-{os.getpid()}-{time.time_ns()}@%h",
+        *(["-I", include] if include else []),
     ]
     with open(LOG, "ab") as log:
         proc = subprocess.Popen(

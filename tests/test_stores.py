@@ -157,6 +157,32 @@ def test_redis_index_entries_of_expired_locks_are_trimmed(
     assert _expired_entries(redis_client, store) == 0
 
 
+def test_redis_index_trim_is_bounded_per_decision(
+    family_store: str, server_client: Any
+) -> None:
+    """S1, section 8: a decision trims at most INDEX_TRIM expired index entries, so a
+    backlog (a million locks that expired together, their jobs never run) never stalls
+    one release or acquire for the whole backlog; the decisions that follow clear it."""
+    from dedup_jobs.stores.redis.scripts import INDEX_TRIM
+
+    redis_client = server_client
+    store = get_store(family_store)
+    seconds, _micros = redis_client.time()
+    past = (int(seconds) - 60) * 1000
+    backlog = 2 * INDEX_TRIM + 50
+    redis_client.zadd(store.index_key(), {f"gone:{n}": past for n in range(backlog)})
+    key = jobs.unique_sleep.job_key(("bounded",), {})
+    store.acquire(key, "mine", 60, now=clock.now())
+    left = _expired_entries(redis_client, store)
+    assert left >= backlog - INDEX_TRIM  # the acquire trimmed no more than INDEX_TRIM
+    assert store.release(key, "mine")
+    assert _expired_entries(redis_client, store) == left - INDEX_TRIM
+    for n in range(3):
+        store.acquire(key, f"again-{n}", 60, now=clock.now())
+        store.release(key, f"again-{n}")
+    assert _expired_entries(redis_client, store) == 0
+
+
 listed_locks: list[Any] = []
 
 

@@ -32,7 +32,8 @@ from dedup_jobs.stores.base import BaseStore
 logger = logging.getLogger("dedup_jobs")
 
 
-#: seconds the renewal thread sleeps when no job is running
+#: seconds the renewal thread sleeps at most (with no job running: the renewal interval of the
+#: last lease, if shorter)
 IDLE_WAIT = 5.0
 #: seconds between two deliveries of the lease's log records and signals under gevent/eventlet
 DELIVER_EVERY = 0.2
@@ -76,6 +77,14 @@ class LeaseKeeper:
         self._events: deque[Deferred] = deque()  # log records and signals for the green side
         self._delivering = False
         self._own: dict[int, tuple[BaseStore, BaseStore]] = {}  # the thread's own stores
+        # time.monotonic() at which the thread's current wait ends (-inf: it is not waiting
+        # and looks at every lease before it waits again): a new lease due no sooner needs
+        # no wake-up call, so a stream of short jobs does not wake the thread once per job
+        self._wake_at = -math.inf
+        # How long the thread waits with no lease running: the renewal interval of the last
+        # lease (at most IDLE_WAIT), so that the next short job's lease, due as soon, is due
+        # no sooner than the thread wakes anyway and needs no wake-up call either
+        self._idle_wait = IDLE_WAIT
 
     def _after_fork(self) -> None:
         # The parent's thread and mutex state did not come along into the child.
@@ -102,9 +111,12 @@ class LeaseKeeper:
             token = self._next_token
             self._leases[token] = lease
             deliver = self._ensure_thread()
+            self._idle_wait = min(IDLE_WAIT, ttl / 3)
+            wake = lease.due < self._wake_at
         if deliver:
             threading.Thread(target=self._keep_delivering, daemon=True).start()
-        self._bell.ring()
+        if wake:
+            self._bell.ring()
         try:
             yield
         finally:
@@ -170,15 +182,20 @@ class LeaseKeeper:
             except Exception:  # never let the thread die: every lease depends on it
                 self._emit([partial(logger.error, "The lease thread failed; going on.",
                                     exc_info=sys.exc_info())])
+                with self._mutex:
+                    self._wake_at = time.monotonic() + 1.0
                 self._bell.wait(1.0)
 
     def _tick(self) -> None:
         with self._mutex:
             current = list(self._leases.items())
-        now = time.monotonic()
-        next_due = min((lease.due for _, lease in current), default=now + IDLE_WAIT)
-        if next_due > now:
-            self._bell.wait(min(next_due - now, IDLE_WAIT))
+            now = time.monotonic()
+            next_due = min((lease.due for _, lease in current), default=now + self._idle_wait)
+            wait = min(next_due - now, IDLE_WAIT)
+            # Set with the copy, under _mutex: a lease added after it rings if due sooner.
+            self._wake_at = now + wait if wait > 0 else -math.inf
+        if wait > 0:
+            self._bell.wait(wait)
             return
         used_database = False
         for token, lease in current:

@@ -20,6 +20,17 @@ lock (or state) key, that key plus a suffix, or an index shard, and the cluster 
 
 import hashlib
 
+#: the most expired index entries one decision trims (ACQUIRE now and then, RELEASE always):
+#: a backlog of locks that expired together is cleared over the following decisions, never
+#: by one of them alone (which would stall the server for the whole backlog)
+INDEX_TRIM = 100
+#: Lua: drop up to INDEX_TRIM entries of expired locks from the index KEYS[2] (``now``: ms)
+_trim_index = (
+    f"  local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now, 'LIMIT', 0, "
+    f"{INDEX_TRIM})\n"
+    "  if #stale > 0 then redis.call('ZREM', KEYS[2], unpack(stale)) end"
+)
+
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
@@ -30,7 +41,8 @@ import hashlib
 # server clock is read only once the lock is known to be free: a duplicate costs one HGET.
 # Index entries of expired locks are trimmed here
 # about one time in 16 (by the microseconds of TIME) and on every RELEASE: off the dispatch
-# path, where each command inside the script is paid by the caller.
+# path, where each command inside the script is paid by the caller; at most INDEX_TRIM at a
+# time, so a backlog of expired entries never stalls one call (benchmarks/growth.py).
 ACQUIRE = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
@@ -47,7 +59,7 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if tonumber(t[2]) % 16 == 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+""" + _trim_index + """
 end
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
 return '1' .. ARGV[1]
@@ -118,7 +130,8 @@ if took then return {1, 'taken'} end
 return {1, 'held'}
 """
 
-# RELEASE — compare-and-delete by owner token (and trim index entries of expired locks).
+# RELEASE — compare-and-delete by owner token (and trim up to INDEX_TRIM index entries of
+# expired locks).
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] request id, ARGV[3] tombstone ttl ms
 # Returns 1 when the caller's lock was deleted (also to a re-send of that request, by the
@@ -129,7 +142,7 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)
+""" + _trim_index + """
   redis.call('ZREM', KEYS[2], KEYS[1])
   redis.call('SET', KEYS[3], ARGV[2] .. '|' .. ARGV[1], 'PX', ARGV[3])
   return 1
