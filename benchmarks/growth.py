@@ -163,6 +163,10 @@ def stale_release(store: RedisStore, stale: int, say: Callable[[str], None]) -> 
     return elapsed
 
 
+#: "flat": each decision's median at the largest size at most this many times its median at the
+#: smallest (the run-to-run spread of one size on the shared 2-core machine is about 1.1x)
+FLAT = 1.25
+
 #: one database per size (the server's dict of a database is what grows), 1, 2, 3, ...
 FIRST_DB = 1
 
@@ -241,10 +245,16 @@ def main(argv: list[str] | None = None) -> int:
             median = statistics.median(row[name])
             cells.append(f"{median:.1f} ({p99(row[name]):.0f}) | {median / first[name]:.2f}")
         lines.append(f"| {size:,} | {' | '.join(cells)} | {memory:.0f} |")
+    worst = max(statistics.median(got[-1][name]) / first[name] for name in DECISIONS)
+    flat = worst <= FLAT
+    lines += ["", f"- target flat latency (every decision at {sizes[-1]:,} held locks within "
+              f"{FLAT:.2f}x its median at {sizes[0]:,}): **{'yes' if flat else 'no'}** (worst "
+              f"{worst:.2f}x); bytes per held lock: "
+              + ", ".join(f"{m:.0f} at {n:,}" for n, m in zip(sizes, per_lock, strict=True))]
     if stale is not None:
-        lines += ["", f"- release meeting {args.stale:,} stale index entries: {stale:,.0f} µs"]
+        lines += [f"- release meeting {args.stale:,} stale index entries: {stale:,.0f} µs"]
     say("\n".join(lines))
-    return 0
+    return 0 if flat else 1
 
 
 if __name__ == "__main__":
