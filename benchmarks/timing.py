@@ -93,12 +93,6 @@ def time_dispatch(
     return samples
 
 
-def paired_ratio(numerator: list[float], denominator: list[float]) -> float:
-    """Median of the per-round ratios (both measured in the same round)."""
-    ratios = [a / b for a, b in zip(numerator, denominator, strict=True) if b]
-    return statistics.median(ratios) if ratios else float("nan")
-
-
 @dataclass(frozen=True)
 class Ratio:
     """The ratio of two medians (what a table prints beside them, so a reader can check it),

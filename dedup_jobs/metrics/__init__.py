@@ -4,13 +4,15 @@ that makes it, with no store round trip added.
 Where a decision is counted: :func:`decision`, called where the decision is made (dispatch:
 ``jobs/unique.py``, ``jobs/debounced.py``, ``jobs/replace.py``; worker: ``jobs/admission.py``,
 ``jobs/debounced.py``; lease: ``jobs/lease.py``). Where a store call is timed (and a store
-error counted): :func:`timed`, wrapped around every decision method of every store by
-``stores/base.py``.
+error counted): in the Redis family, ``RedisConnection._eval`` (``stores/redis/connection.py``,
+where each script is sent); in the other stores, :func:`timed`, wrapped around every decision
+method by ``stores/base.py``.
 
-Each count goes to the process's :class:`~dedup_jobs.metrics.tally.Tally` (flushed into the
-database for the admin Overview, :mod:`dedup_jobs.metrics.history`) and to the exporters
-whose library is installed: ``prometheus_client`` (:mod:`dedup_jobs.metrics.prometheus`) and
-the OpenTelemetry metrics API (:mod:`dedup_jobs.metrics.otel`). Neither library is imported
+Each count goes to the process's :class:`~dedup_jobs.metrics.tally.Tally`; its metrics thread
+(:mod:`dedup_jobs.metrics.history`) folds the counts, flushes them into the database for the
+admin Overview and hands them to the exporters whose library is installed, which otherwise
+read the tally when collected: ``prometheus_client`` (:mod:`dedup_jobs.metrics.prometheus`)
+and the OpenTelemetry metrics API (:mod:`dedup_jobs.metrics.otel`). Neither library is imported
 unless it is installed and ``DEDUP_JOBS["METRICS"]`` is True (the default)."""
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def store_call(alias: str, call: str, seconds: float, error: str | None = None) 
 
 def call_failed(alias: str, call: str, seconds: float, exc: Exception, job: str) -> None:
     """Count one store call that raised StoreUnavailable, and a ``store_error`` of ``job``."""
-    tally.failed.append((alias, call, seconds, str(exc)))
+    tally.store_call(alias, call, seconds, str(exc))
     decision(job, "store_error")
 
 
@@ -117,7 +119,7 @@ def _start_thread() -> None:
     global _thread_started
     from dedup_jobs.metrics.history import flusher
 
-    exporters()  # loaded here, so that the thread knows whether it has anything to sync
+    exporters()  # loaded with the first decision: prometheus_client's collector is registered
     flusher.ensure()
     _thread_started = True
 
@@ -160,10 +162,7 @@ def timed(method: F) -> F:
             raise
         finally:
             mine["busy"] = False
-        queue = tally.timing(self.alias, call)
-        queue.append(perf_counter() - started)
-        if len(queue) > FOLD_AT:
-            tally.fold()
+        tally.store_call(self.alias, call, perf_counter() - started, None)
         return answer
 
     wrapper.__dedup_timed__ = True  # type: ignore[attr-defined]
