@@ -120,69 +120,6 @@ def test_redis_index_lists_held_locks_without_keys(family_store: str, server_cli
     assert len(list(store.iter_locks())) == 4
 
 
-def _expired_entries(redis_client: Any, store: Any) -> int:
-    seconds, micros = redis_client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    return int(redis_client.zcount(store.index_key(), "-inf", f"({now_ms}"))
-
-
-def test_redis_index_entries_of_expired_locks_are_trimmed(
-    family_store: str, server_client: Any
-) -> None:
-    """S1: locks that expired without a release leave the index: every release trims it,
-    and acquires do now and then (about one in 16), so it stays bounded either way."""
-    import time
-
-    redis_client = server_client
-    store = get_store(family_store)
-    for n in range(20):
-        store.acquire(jobs.unique_sleep.job_key((f"short-{n}",), {}), f"o{n}", 0.001,
-                      now=clock.now())
-    time.sleep(0.05)
-    assert _expired_entries(redis_client, store) > 0  # acquires rarely trim (1 in 16)
-    key = jobs.unique_sleep.job_key(("released",), {})
-    store.acquire(key, "mine", 60, now=clock.now())
-    assert store.release(key, "mine")
-    assert _expired_entries(redis_client, store) == 0
-    # with no release at all, acquires trim too
-    for n in range(20):
-        store.acquire(jobs.unique_sleep.job_key((f"again-{n}",), {}), f"a{n}", 0.001,
-                      now=clock.now())
-    time.sleep(0.05)
-    for n in range(400):
-        store.acquire(jobs.unique_sleep.job_key((f"long-{n}",), {}), f"l{n}", 60,
-                      now=clock.now())
-        if _expired_entries(redis_client, store) == 0:
-            break
-    assert _expired_entries(redis_client, store) == 0
-
-
-def test_redis_index_trim_is_bounded_per_decision(
-    family_store: str, server_client: Any
-) -> None:
-    """S1, section 8: a decision trims at most INDEX_TRIM expired index entries, so a
-    backlog (a million locks that expired together, their jobs never run) never stalls
-    one release or acquire for the whole backlog; the decisions that follow clear it."""
-    from dedup_jobs.stores.redis.scripts import INDEX_TRIM
-
-    redis_client = server_client
-    store = get_store(family_store)
-    seconds, _micros = redis_client.time()
-    past = (int(seconds) - 60) * 1000
-    backlog = 2 * INDEX_TRIM + 50
-    redis_client.zadd(store.index_key(), {f"gone:{n}": past for n in range(backlog)})
-    key = jobs.unique_sleep.job_key(("bounded",), {})
-    store.acquire(key, "mine", 60, now=clock.now())
-    left = _expired_entries(redis_client, store)
-    assert left >= backlog - INDEX_TRIM  # the acquire trimmed no more than INDEX_TRIM
-    assert store.release(key, "mine")
-    assert _expired_entries(redis_client, store) == left - INDEX_TRIM
-    for n in range(3):
-        store.acquire(key, f"again-{n}", 60, now=clock.now())
-        store.release(key, f"again-{n}")
-    assert _expired_entries(redis_client, store) == 0
-
-
 listed_locks: list[Any] = []
 
 

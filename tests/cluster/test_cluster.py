@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import time
 from typing import Any
 
 import kombu
@@ -204,3 +205,21 @@ def test_each_decision_is_one_evalsha_on_the_cluster(store_name: str,
     assert seen == {"cmdstat_evalsha": 60, "cmdstat_hget": 60, "cmdstat_time": 30,
                     "cmdstat_hset": 30, "cmdstat_pexpire": 30, "cmdstat_zadd": 30}
     assert trims <= 30
+
+
+def test_operators_index_trim_reaches_every_shard(store_name: str) -> None:
+    """clear_stale_locks' index trim (trim_index) on S5: its EVAL reaches every shard of the
+    lock index, on whichever primary holds it, more than one batch each (that a batch is
+    bounded is tests/test_index_trim.py's); a held lock's entry stays."""
+    from dedup_jobs.stores.redis.listing import TRIM_BATCH
+
+    store = get_store(store_name)
+    key = build_key("unique", TASK, "item=held")
+    assert store.acquire(key, "mine", 60, now=clock.now()).acquired
+    past = int((time.time() - 3600) * 1000)  # an hour ago: expired on any server's clock
+    shards = store.index_keys("unique")
+    for shard in shards:
+        store.client.zadd(shard, {f"gone:{n}": past for n in range(TRIM_BATCH + 100)})
+    assert store.trim_index() == len(shards) * (TRIM_BATCH + 100)
+    left = {shard: store.client.zcard(shard) for shard in shards}
+    assert sum(left.values()) == 1 and left[store.place(key)[1]] == 1

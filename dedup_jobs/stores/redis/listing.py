@@ -12,10 +12,18 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, DebounceState, LockInfo, Page, decode_call
 from dedup_jobs.stores.redis.connection import _text
+from dedup_jobs.stores.redis.trim import trim_lua
 from dedup_jobs.stores.search import Search
 
 #: index entries examined per ZSCAN call when the admin searches
 SCAN_COUNT = 2000
+#: expired index entries dropped per call by :meth:`RedisListing.trim_index`
+TRIM_BATCH = 1000
+TRIM_SCRIPT = (
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    + trim_lua("KEYS[1]", "now", TRIM_BATCH) + "\nreturn trimmed"
+)
 
 
 class RedisListing:
@@ -278,16 +286,20 @@ class RedisListing:
         return found
 
     def trim_index(self) -> int:
-        """Drop index entries of locks that expired (their keys are gone already)."""
+        """Drop index entries of locks that expired (their keys are gone already), in calls
+        of at most TRIM_BATCH entries each: never one long stall of the server however many
+        expired together. The server's clock, as the scripts use it."""
+        removed = 0
         try:
-            seconds, micros = self.client.time()  # the server's clock, as the scripts use
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
-            pipe = self.client.pipeline(transaction=False)
             for index in self.index_keys("unique"):
-                pipe.zremrangebyscore(index, "-inf", f"({now_ms}")
-            return sum(int(removed) for removed in pipe.execute())
+                while True:
+                    trimmed = int(self.client.eval(TRIM_SCRIPT, 1, index))
+                    removed += trimmed
+                    if trimmed < TRIM_BATCH:
+                        break
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
+        return removed
 
 
 def glob_escape(text: str) -> str:

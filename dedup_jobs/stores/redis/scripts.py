@@ -20,16 +20,10 @@ lock (or state) key, that key plus a suffix, or an index shard, and the cluster 
 
 import hashlib
 
-#: the most expired index entries one decision trims (ACQUIRE now and then, RELEASE always):
-#: a backlog of locks that expired together is cleared over the following decisions, never
-#: by one of them alone (which would stall the server for the whole backlog)
-INDEX_TRIM = 100
+from dedup_jobs.stores.redis.trim import trim_lua
+
 #: Lua: drop up to INDEX_TRIM entries of expired locks from the index KEYS[2] (``now``: ms)
-_trim_index = (
-    f"  local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now, 'LIMIT', 0, "
-    f"{INDEX_TRIM})\n"
-    "  if #stale > 0 then redis.call('ZREM', KEYS[2], unpack(stale)) end"
-)
+_trim_index = trim_lua("KEYS[2]", "now")
 
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
@@ -286,7 +280,8 @@ return {1, ans}
 # ARGV[7] task name, ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none)
 # Returns {1, task id, ""} when it started a burst (the caller publishes its message),
 # {0, message id, superseded id} when it was absorbed, {2, server ms, ""} when run past the
-# deadline (nothing changed).
+# deadline (nothing changed). Index entries of bursts gone for ``ttl`` are trimmed on each
+# dispatch, at most INDEX_TRIM of them (trim.py).
 DEBOUNCE = """
 local msg = redis.call('HGET', KEYS[1], 'message')
 local seen = msg and redis.call('HGET', KEYS[2], ARGV[1])
@@ -329,7 +324,7 @@ local due = run_at
 if deadline_at and deadline_at < due then due = deadline_at end
 redis.call('PEXPIRE', KEYS[1], due - now + ttl)
 redis.call('PEXPIRE', KEYS[2], due - now + ttl)
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', '(' .. (now - ttl))
+""" + trim_lua("KEYS[3]", "now - ttl") + """
 redis.call('ZADD', KEYS[3], due, KEYS[1])
 if prev then return {0, msg, prev} end
 return {1, msg, ''}

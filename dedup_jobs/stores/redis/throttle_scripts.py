@@ -18,6 +18,8 @@ reservation made before it (and one period / k after the latest of them: paced, 
 bursts), and comes back for it. Times are the server's clock (TIME).
 """
 
+from dedup_jobs.stores.redis.trim import trim_lua
+
 # THROTTLE_ADMIT — T2/T3: admit a message to run, or defer it.
 # KEYS[1] hash, KEYS[2] slots, KEYS[3] wait, KEYS[4] starts, KEYS[5] reservations,
 # KEYS[6] throttle index (sorted set of hashes, scored by expiry)
@@ -57,7 +59,7 @@ local function keep()
              'k', k, 'p', p)
   for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
   if tonumber(t[2]) % 16 == 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. now)
+""" + trim_lua("KEYS[6]", "now") + """
   end
   redis.call('ZADD', KEYS[6], now + ttl, KEYS[1])
 end
