@@ -57,12 +57,13 @@ class SentinelSetup:
         self.primary_server.process.wait(timeout=5)
 
 
-def _sentinel_conf(directory: Path, port: int, primary: RedisServer, service: str) -> Path:
+def _sentinel_conf(directory: Path, port: int, primary: RedisServer, service: str,
+                   down_after_ms: int) -> Path:
     conf = directory / f"sentinel-{port}.conf"
     conf.write_text(
         f"port {port}\nbind {HOST}\ndir {directory}\n"
         f"sentinel monitor {service} {primary.host} {primary.port} 2\n"
-        f"sentinel down-after-milliseconds {service} {DOWN_AFTER_MS}\n"
+        f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
         f"sentinel failover-timeout {service} {FAILOVER_TIMEOUT_MS}\n"
         f"sentinel parallel-syncs {service} 1\n"
     )
@@ -79,7 +80,9 @@ def _wait(predicate: object, timeout: float, what: str) -> None:
 
 
 @contextmanager
-def sentinel_setup() -> Iterator[SentinelSetup]:
+def sentinel_setup(down_after_ms: int = DOWN_AFTER_MS) -> Iterator[SentinelSetup]:
+    """A primary, its replica and three sentinels; ``down_after_ms``: how long the
+    sentinels wait before they call an unanswering primary down (and fail over)."""
     binary = redis_server_binary()
     with ExitStack() as stack:
         primary = stack.enter_context(redis_server())
@@ -92,7 +95,7 @@ def sentinel_setup() -> Iterator[SentinelSetup]:
         try:
             for _ in range(3):
                 port = free_port()
-                conf = _sentinel_conf(directory, port, primary, service)
+                conf = _sentinel_conf(directory, port, primary, service, down_after_ms)
                 processes.append(subprocess.Popen(
                     [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL))
@@ -117,8 +120,11 @@ def sentinel_setup() -> Iterator[SentinelSetup]:
                     process.wait(timeout=5)
 
 
-def sentinel_cache(setup: SentinelSetup) -> dict[str, object]:
-    """A django-redis CACHES entry on the Sentinel-managed primary (its SentinelClient)."""
+def sentinel_cache(setup: SentinelSetup, socket_timeout: float | None = 0.5) -> dict[str, object]:
+    """A django-redis CACHES entry on the Sentinel-managed primary (its SentinelClient);
+    ``socket_timeout`` None: the cache sets none (neither for the primary nor the sentinels)."""
+    timeouts = {} if socket_timeout is None else {"SOCKET_TIMEOUT": socket_timeout,
+                                                   "SOCKET_CONNECT_TIMEOUT": socket_timeout}
     return {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": f"redis://{setup.service}/0",
@@ -126,8 +132,7 @@ def sentinel_cache(setup: SentinelSetup) -> dict[str, object]:
             "CLIENT_CLASS": "django_redis.client.SentinelClient",
             "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
             "SENTINELS": setup.sentinels,
-            "SOCKET_TIMEOUT": 0.5,
-            "SOCKET_CONNECT_TIMEOUT": 0.5,
+            **timeouts,
         },
     }
 

@@ -5,6 +5,8 @@ failover window and what asynchronous replication lost."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -133,3 +135,41 @@ def test_sentinel_decisions_are_one_round_trip_and_locks_are_listed(
     assert len(last.items) == 100 and not last.has_more
     seen = {lock.ident for lock in page.items} | {lock.ident for lock in last.items}
     assert len(seen) == 200
+
+
+def test_a_stopped_primary_fails_within_store_timeout_without_a_socket_timeout() -> None:
+    """S8 on Sentinel: a SentinelClient cache that sets no socket timeout (its own calls
+    would wait forever on a stopped primary): with the primary SIGSTOPped, every decision
+    raises StoreUnavailable within STORE_TIMEOUT. The sentinels wait a minute before they
+    call the primary down, so no failover answers meanwhile."""
+    from tests.faults.test_bounded import check_silent
+
+    with sentinel_setup(down_after_ms=60_000) as setup:
+        caches = {**settings.CACHES, "silent": sentinel_cache(setup, socket_timeout=None)}
+        check_silent(caches, stall=setup.primary_server, proxy=None)
+
+
+def test_a_stopped_sentinel_is_passed_over_within_store_timeout() -> None:
+    """S8 on Sentinel: the first of the three sentinels SIGSTOPped (it accepts connections
+    and never answers) and a cache that sets no socket timeout: a store's first decision
+    (which asks a sentinel for the primary) passes over the stopped one to the next and is
+    answered within STORE_TIMEOUT."""
+    with sentinel_setup(down_after_ms=60_000) as setup:
+        caches = {**settings.CACHES, "silent": sentinel_cache(setup, socket_timeout=None)}
+        options = {**settings.DEDUP_JOBS, "STORE": "silent", "STORE_TIMEOUT": STORE_TIMEOUT}
+        stopped = setup.processes[0]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        resume = threading.Timer(20, os.kill, (stopped.pid, signal.SIGCONT))  # never a hang
+        resume.start()
+        try:
+            with override_settings(CACHES=caches, DEDUP_JOBS=options):
+                store = get_store("silent")
+                key = build_key("unique", "tests.sentinel", "n=first")
+                started = time.monotonic()
+                taken = store.acquire(key, "owner", 60, now=clock.now()).acquired
+                took = time.monotonic() - started
+        finally:
+            resume.cancel()
+            os.kill(stopped.pid, signal.SIGCONT)
+        assert taken
+        assert took < STORE_TIMEOUT + SLACK, f"the first decision waited {took:.2f}s"

@@ -53,6 +53,9 @@ class Family:
         self.client_class: type = lib.Valkey if module == "valkey" else lib.Redis
         #: pools whose connections the store may keep and copy (not Sentinel, not cluster)
         self.pools: tuple[type, ...] = (lib.ConnectionPool, lib.BlockingConnectionPool)
+        #: Sentinel's pool (the store makes one of its own, bounded: ``bounded_client``)
+        sentinel = importlib.import_module(f"{module}.sentinel")
+        self.sentinel_pool: type = sentinel.SentinelConnectionPool
         #: the base of every exception of the library (connection, timeout, error replies)
         self.error: type[BaseException] = exc.ValkeyError if module == "valkey" else exc.RedisError
         self.no_script: type[BaseException] = exc.NoScriptError

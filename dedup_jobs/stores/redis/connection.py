@@ -13,6 +13,7 @@ as the first did and changes nothing more.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import time
@@ -73,20 +74,50 @@ def bounded_client(client: Any, timeout: float, lib: Family | None = None) -> tu
     """A client of the store's own on the cache's server and settings, every socket
     operation capped at ``timeout`` seconds and without the client library's retries (redis-py
     or valkey-py: ``lib``, by default the client's own); and whether it is the store's own (to
-    disconnect when the store is dropped). Pool kinds that route connections themselves
-    (Sentinel) keep the cache's client as it is; a cluster cache gets a cluster client of the
-    store's own (``cluster.py``)."""
+    disconnect when the store is dropped). A Sentinel pool gets one of its own too, on a copy
+    of the cache's sentinel manager whose sentinels answer within a share of ``timeout``
+    (:func:`_bounded_sentinel`). Other pool kinds (a client-side-caching connection) keep the
+    cache's client as it is; a cluster cache gets a cluster client of the store's own
+    (``cluster.py``)."""
     lib = lib or family_of(client)
     pool: Any = getattr(client, "connection_pool", None)
-    if type(pool) not in lib.pools or getattr(client, "connection", None) is not None:
+    if getattr(client, "connection", None) is not None:
         return client, False
-    kwargs = dict(pool.connection_kwargs)
+    if isinstance(pool, lib.sentinel_pool):
+        return _bounded_sentinel(pool, timeout, lib), True
+    if type(pool) not in lib.pools:
+        return client, False
+    own = type(pool)(connection_class=pool.connection_class,
+                     max_connections=pool.max_connections,
+                     **_capped(pool.connection_kwargs, timeout, lib))
+    return lib.client_class(connection_pool=own), True
+
+
+def _capped(kwargs: dict[str, Any], timeout: float, lib: Family) -> dict[str, Any]:
+    """A pool's connection settings with socket timeouts capped at ``timeout``, no retries."""
+    kwargs = dict(kwargs)
     for name in ("socket_timeout", "socket_connect_timeout"):
         kwargs[name] = min(float(kwargs.get(name) or math.inf), timeout)
     kwargs.update(retry=lib.no_retries(), retry_on_error=[], retry_on_timeout=False)
-    own = type(pool)(connection_class=pool.connection_class,
-                     max_connections=pool.max_connections, **kwargs)
-    return lib.client_class(connection_pool=own), True
+    return kwargs
+
+
+def _bounded_sentinel(pool: Any, timeout: float, lib: Family) -> Any:
+    """S8 through Sentinel: a client on a Sentinel pool of the store's own, like the cache's
+    (service, primary or replica, connection class), its connections capped at ``timeout``;
+    its sentinel manager a copy of the cache's whose sentinels are asked with a timeout of
+    ``timeout / number of sentinels`` each, so a silent sentinel is passed over in time
+    (redis-py asks them in turn for the primary's address)."""
+    manager = copy.copy(pool.sentinel_manager)
+    share = timeout / max(1, len(manager.sentinels))
+    manager.sentinels = [bounded_client(sentinel, share, lib)[0]
+                         for sentinel in manager.sentinels]
+    kwargs = _capped(pool.connection_kwargs, timeout, lib)
+    kwargs.pop("connection_pool", None)  # the pool's proxy, made anew by the pool
+    own = type(pool)(pool.service_name, manager, connection_class=pool.connection_class,
+                     max_connections=pool.max_connections, is_master=pool.is_master,
+                     check_connection=pool.check_connection, **kwargs)
+    return lib.client_class(connection_pool=own)
 
 
 def _text(value: Any) -> str:
@@ -282,4 +313,8 @@ class RedisConnection:
                 self._pool.release(conn)
         if self._own_client and self._client is not None:
             # positional: valkey-py's BlockingConnectionPool names the argument "_"
-            self._client.connection_pool.disconnect(False)
+            pool = self._client.connection_pool
+            pool.disconnect(False)
+            manager = getattr(pool, "sentinel_manager", None)  # our copy (_bounded_sentinel)
+            for sentinel in getattr(manager, "sentinels", ()):
+                sentinel.connection_pool.disconnect(False)
