@@ -39,13 +39,19 @@ def load_scripts(store: Any) -> None:
 
 def delta(client: Any, action: Any) -> dict[str, int]:
     """Commands the store's Redis database received from clients during ``action``, read with
-    MONITOR: commands run inside Lua scripts (marked "lua") and other databases (the result
-    backend, the tests' run records) are left out. What is left is the store's round trips."""
+    MONITOR: commands run inside Lua scripts (marked "lua"), other databases (the result
+    backend, the tests' run records), a Sentinel's and a replica's connections are left out.
+    What is left is the store's round trips."""
     db = client.connection_pool.connection_kwargs.get("db", 0)
     kwargs = client.connection_pool.connection_kwargs
     watcher = redis.Redis(host=kwargs.get("host", "127.0.0.1"), port=kwargs.get("port", 6379))
     counts: dict[str, int] = {}
     client.echo("warm")  # the marker's own connection is set up before we watch
+    # connections that are not clients of ours: a Sentinel's own (PING, INFO, PUBLISH
+    # __sentinel__:hello; by the names Sentinel gives them) and a replica's (flag S)
+    not_ours = {str(c["addr"]).rsplit(":", 1)[-1] for c in watcher.client_list()
+                 if str(c.get("name", "")).startswith("sentinel-")
+                 or "S" in str(c.get("flags", ""))}
     with watcher.monitor() as monitor:
         action()
         marker = f"dedup-jobs-end-{uuid()}"
@@ -54,6 +60,8 @@ def delta(client: Any, action: Any) -> dict[str, int]:
             if marker in event["command"]:
                 break
             if event.get("client_type") == "lua" or int(event.get("db", -1)) != db:
+                continue
+            if str(event.get("client_port")) in not_ours:
                 continue
             name = event["command"].split(" ", 1)[0].lower()
             counts[name] = counts.get(name, 0) + 1
