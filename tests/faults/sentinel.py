@@ -145,3 +145,21 @@ def _knows_replica(host: str, port: int, service: str) -> bool:
         return False
     finally:
         client.close()
+
+
+def valkey_sentinel_cache(setup: SentinelSetup,
+                          socket_timeout: float | None = 0.5) -> dict[str, object]:
+    """A django-valkey CACHES entry on the Sentinel-managed primary (its SentinelClient);
+    ``socket_timeout`` None: the cache sets none."""
+    timeouts = {} if socket_timeout is None else {"SOCKET_TIMEOUT": socket_timeout,
+                                                   "SOCKET_CONNECT_TIMEOUT": socket_timeout}
+    return {
+        "BACKEND": "django_valkey.cache.ValkeyCache",
+        "LOCATION": f"valkey://{setup.service}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_valkey.client.SentinelClient",
+            "CONNECTION_FACTORY": "django_valkey.pool.SentinelConnectionFactory",
+            "SENTINELS": setup.sentinels,
+            **timeouts,
+        },
+    }

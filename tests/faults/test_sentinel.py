@@ -19,7 +19,7 @@ from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from tests.faults.sentinel import sentinel_cache, sentinel_setup
+from tests.faults.sentinel import sentinel_cache, sentinel_setup, valkey_sentinel_cache
 
 pytestmark = [pytest.mark.redis]
 
@@ -173,3 +173,34 @@ def test_a_stopped_sentinel_is_passed_over_within_store_timeout() -> None:
             os.kill(stopped.pid, signal.SIGCONT)
         assert taken
         assert took < STORE_TIMEOUT + SLACK, f"the first decision waited {took:.2f}s"
+
+
+
+def test_a_django_valkey_sentinel_cache_gets_a_store_on_the_primary() -> None:
+    """S1 on Sentinel, django-valkey: its SentinelClient (0.4) puts ``is_master=0`` in the
+    primary's URL too (one query dict shared by both URLs) and sets the primary pool's
+    ``is_master`` to False after making it; that pool's connections still go to the primary
+    (they read the pool's proxy, made with the URL's truthy "0"). The store's own Sentinel
+    pool goes to the primary as well: every decision writes (a replica answers READONLY)."""
+    with sentinel_setup() as setup:
+        caches = {**settings.CACHES, "vsentinel": valkey_sentinel_cache(setup)}
+        options = {**settings.DEDUP_JOBS, "STORE": "vsentinel", "STORE_TIMEOUT": STORE_TIMEOUT}
+        with override_settings(CACHES=caches, DEDUP_JOBS=options):
+            from django.core.cache import caches as django_caches
+
+            django_caches["vsentinel"].set("probe", 1)  # the cache itself writes to the primary
+            store = get_store("vsentinel")
+            key = build_key("unique", "tests.sentinel", "n=valkey")
+            assert store.acquire(key, "owner", 60, now=clock.now()).acquired
+            assert store.release(key, "owner")
+
+
+def test_a_stopped_primary_fails_within_store_timeout_through_django_valkey() -> None:
+    """S8 on Sentinel, django-valkey's SentinelClient without a socket timeout: with the
+    primary SIGSTOPped, every decision raises StoreUnavailable within STORE_TIMEOUT."""
+    from tests.faults.test_bounded import check_silent
+
+    with sentinel_setup(down_after_ms=60_000) as setup:
+        caches = {**settings.CACHES,
+                  "silent": valkey_sentinel_cache(setup, socket_timeout=None)}
+        check_silent(caches, stall=setup.primary_server, proxy=None)

@@ -104,7 +104,10 @@ def _capped(kwargs: dict[str, Any], timeout: float, lib: Family) -> dict[str, An
 
 def _bounded_sentinel(pool: Any, timeout: float, lib: Family) -> Any:
     """S8 through Sentinel: a client on a Sentinel pool of the store's own, like the cache's
-    (service, primary or replica, connection class), its connections capped at ``timeout``;
+    (service, connection class) but always on the primary (every decision writes; django-valkey
+    0.4's SentinelClient sets its primary pool's ``is_master`` to False, while that pool's
+    connections, which read the proxy, still go to the primary), its connections capped at
+    ``timeout``;
     its sentinel manager a copy of the cache's whose sentinels are asked with a timeout of
     ``timeout / number of sentinels`` each, so a silent sentinel is passed over in time
     (redis-py asks them in turn for the primary's address)."""
@@ -115,7 +118,7 @@ def _bounded_sentinel(pool: Any, timeout: float, lib: Family) -> Any:
     kwargs = _capped(pool.connection_kwargs, timeout, lib)
     kwargs.pop("connection_pool", None)  # the pool's proxy, made anew by the pool
     own = type(pool)(pool.service_name, manager, connection_class=pool.connection_class,
-                     max_connections=pool.max_connections, is_master=pool.is_master,
+                     max_connections=pool.max_connections, is_master=True,
                      check_connection=pool.check_connection, **kwargs)
     return lib.client_class(connection_pool=own)
 
