@@ -149,7 +149,15 @@ class Command(BaseCommand):
             ) from exc
         trim = getattr(target, "trim_index", None)
         if trim is not None and not self.dry_run:
-            trim()
+            try:
+                trim()
+            except StoreUnavailable as exc:
+                cause = exc.__cause__ or exc
+                raise CommandError(
+                    f"store {alias!r}: the index trim failed ({type(cause).__name__}: {cause}). "
+                    "The locks above were handled; the index entries of expired locks stay "
+                    "until later decisions trim them, or run the command again."
+                ) from exc
 
     def _expired_rows(self, target: BaseStore) -> None:
         """The database store leaves expired rows behind: remove them (still expired)."""
