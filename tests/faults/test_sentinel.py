@@ -175,7 +175,6 @@ def test_a_stopped_sentinel_is_passed_over_within_store_timeout() -> None:
         assert took < STORE_TIMEOUT + SLACK, f"the first decision waited {took:.2f}s"
 
 
-
 def test_a_django_valkey_sentinel_cache_gets_a_store_on_the_primary() -> None:
     """S1 on Sentinel, django-valkey: its SentinelClient (0.4) puts ``is_master=0`` in the
     primary's URL too (one query dict shared by both URLs) and sets the primary pool's
