@@ -163,3 +163,23 @@ def test_operators_trim_goes_in_bounded_calls(family_store: str, server_client: 
     assert calls == {"eval": 3}
     assert removed == [2 * TRIM_BATCH + 500]
     assert redis_client.zrange(store.index_key(), 0, -1) == [store.place(key)[0].encode()]
+
+
+def test_debounce_page_leaves_out_entries_of_bursts_gone(
+    family_store: str, server_client: Any
+) -> None:
+    """A1 on the Redis family: the Debounced jobs page counts and lists only bursts whose
+    state can still be there (due less than STATE_GRACE ago), as the database store does;
+    entries of bursts gone that a bounded trim has not reached yet are left out."""
+    from dedup_jobs.stores.base import STATE_GRACE
+
+    redis_client = server_client
+    store = get_store(family_store)
+    _backlog(redis_client, store.debounce_index_key(), 250,
+             _server_ms(redis_client) - int(STATE_GRACE * 1000) - 60_000)
+    store.debounce(build_key("debounce", "tests.debounce_record", "live=1"), "m-live",
+                   encode_call((1,), {}), now=clock.now(), debounce_for=600, max_wait=None,
+                   ttl=STATE_GRACE)
+    assert redis_client.zcard(store.debounce_index_key()) > 1  # the trim left some behind
+    page = store.debounce_page(offset=0, limit=100, now=clock.now())
+    assert page.total == 1 and [state.ident for state in page.items] == ["live=1"]

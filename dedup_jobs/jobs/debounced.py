@@ -32,11 +32,7 @@ from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
-from dedup_jobs.stores.base import CLAIMED, WAIT, BaseStore, encode_call
-
-#: seconds the state of a burst outlives its due time, so that a message delayed by a worker
-#: outage still finds it (after that a new dispatch starts a new burst)
-STATE_GRACE = 3600.0
+from dedup_jobs.stores.base import CLAIMED, STATE_GRACE, WAIT, BaseStore, encode_call
 
 #: header flags of a message that already owns its burst (a retry of the claimed run)
 CLAIMED_FLAG = "claimed"

@@ -147,6 +147,9 @@ def new_request_id() -> str:
     """A random id for one store request, so that a re-send of it is known (S7)."""
     return os.urandom(12).hex()
 
+#: seconds the state of a debounce burst outlives its due time, so that a message delayed by
+#: a worker outage still finds it (after that a new dispatch starts a new burst)
+STATE_GRACE = 3600.0
 CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
 WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
 MISSING = "missing"  # no state (flushed, evicted, expired): run the message as it is

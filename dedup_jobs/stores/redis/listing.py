@@ -10,7 +10,14 @@ from typing import Any
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import QUEUED, DebounceState, LockInfo, Page, decode_call
+from dedup_jobs.stores.base import (
+    QUEUED,
+    STATE_GRACE,
+    DebounceState,
+    LockInfo,
+    Page,
+    decode_call,
+)
 from dedup_jobs.stores.redis.connection import _text
 from dedup_jobs.stores.redis.trim import trim_lua
 from dedup_jobs.stores.search import Search
@@ -160,9 +167,11 @@ class RedisListing:
     def debounce_page(
         self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
     ) -> Page[DebounceState]:
+        # a burst is scored by its due time; its state is gone STATE_GRACE after it, and its
+        # entry with it once a (bounded) trim reaches it: left out meanwhile
         return self._page("debounce", self._debounce_state,
                           offset=offset, limit=limit, task_name=task_name, search=search,
-                          min_score=None)
+                          min_score=int((now - STATE_GRACE) * 1000))
 
     def _page(self, kind: str, parse: Any, *, offset: int, limit: int,
               task_name: str, search: str, min_score: int | None) -> Page[Any]:
