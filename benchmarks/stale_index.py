@@ -135,7 +135,8 @@ def operators_trim(store: RedisStore) -> tuple[float, float]:
     try:
         total = timed(store.trim_index)
         calls = [entry for entry in redis.slowlog_get(10_000)
-                 if entry["command"].split(b" ", 1)[0].lower() in (b"eval", b"zremrangebyscore")]
+                 if entry["command"].split(b" ", 1)[0].lower()
+                 in (b"eval", b"evalsha", b"zremrangebyscore")]
     finally:
         redis.config_set("slowlog-log-slower-than", threshold)
     return total, max((entry["duration"] for entry in calls), default=0.0)

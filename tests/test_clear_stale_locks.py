@@ -233,18 +233,18 @@ def test_dry_run_lists_every_lock_at_the_default_verbosity(app: Any, listed_stor
 @pytest.mark.django_db
 def test_a_store_failing_at_the_index_trim_fails_with_a_clear_message(redis_client: Any) -> None:
     """A2: a store error in the index trim that follows the scan (here the server refuses
-    EVAL to the cache's user by an ACL; the scan's reads are allowed) is a non-zero exit
+    scripts to the cache's user by an ACL; the scan's reads are allowed) is a non-zero exit
     naming the store, not a traceback."""
-    user = f"dedup-noeval-{time.monotonic_ns()}"
+    user = f"dedup-noscript-{time.monotonic_ns()}"
     redis_client.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
-                             channels=["*"], commands=["+@all", "-eval"])
+                             channels=["*"], commands=["+@all", "-@scripting"])
     location = settings.REDIS_URL.replace("redis://", f"redis://{user}:pw@", 1) + "/9"
     caches = {**settings.CACHES,
               "noeval": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": location}}
     try:
         with (override_settings(CACHES=caches),
               pytest.raises(CommandError, match="'noeval': the index trim failed "
-                                                  r"\(NoPermissionError: .*'eval'")):
+                                                  r"\(NoPermissionError: .*'evalsha'")):
             call_command("clear_stale_locks", "--store", "noeval", stdout=io.StringIO())
     finally:
         redis_client.acl_deluser(user)

@@ -14,7 +14,7 @@ from dedup_jobs import clock
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import encode_call
-from dedup_jobs.stores.redis.listing import TRIM_BATCH
+from dedup_jobs.stores.redis.scripts import TRIM_BATCH
 from dedup_jobs.stores.redis.trim import INDEX_TRIM
 from tests import jobs, jobs_throttle
 from tests.test_stores import delta
@@ -147,20 +147,21 @@ def test_throttle_index_trim_is_bounded_per_admission(
 
 def test_operators_trim_goes_in_bounded_calls(family_store: str, server_client: Any) -> None:
     """clear_stale_locks' index trim (RedisListing.trim_index) drops every expired entry, in
-    calls of at most TRIM_BATCH each (one EVAL a batch, seen with MONITOR; nothing else but
-    a new connection's SELECT / CLIENT SETINFO); a held lock's
-    entry stays."""
+    calls of at most TRIM_BATCH each (one EVALSHA of TRIM_INDEX a batch, seen with MONITOR;
+    nothing else but a new connection's SELECT / CLIENT SETINFO); a held lock's entry
+    stays."""
     redis_client = server_client
     store = get_store(family_store)
     key = jobs.unique_sleep.job_key(("held",), {})
     assert store.acquire(key, "mine", 60, now=clock.now()).acquired
+    store.trim_index()  # the script loaded (another test may have run SCRIPT FLUSH)
     _backlog(redis_client, store.index_key(), 2 * TRIM_BATCH + 500,
              _server_ms(redis_client) - 60_000)
     removed: list[int] = []
     calls = delta(redis_client, lambda: removed.append(store.trim_index()))
     calls.pop("select", None)  # a new connection's set-up, if one was opened
     calls.pop("client", None)
-    assert calls == {"eval": 3}
+    assert calls == {"evalsha": 3}
     assert removed == [2 * TRIM_BATCH + 500]
     assert redis_client.zrange(store.index_key(), 0, -1) == [store.place(key)[0].encode()]
 

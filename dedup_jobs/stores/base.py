@@ -147,6 +147,7 @@ def new_request_id() -> str:
     """A random id for one store request, so that a re-send of it is known (S7)."""
     return os.urandom(12).hex()
 
+
 #: seconds the state of a debounce burst outlives its due time, so that a message delayed by
 #: a worker outage still finds it (after that a new dispatch starts a new burst)
 STATE_GRACE = 3600.0

@@ -211,7 +211,7 @@ def test_operators_index_trim_reaches_every_shard(store_name: str) -> None:
     """clear_stale_locks' index trim (trim_index) on S5: its EVAL reaches every shard of the
     lock index, on whichever primary holds it, more than one batch each (that a batch is
     bounded is tests/test_index_trim.py's); a held lock's entry stays."""
-    from dedup_jobs.stores.redis.listing import TRIM_BATCH
+    from dedup_jobs.stores.redis.scripts import TRIM_BATCH
 
     store = get_store(store_name)
     key = build_key("unique", TASK, "item=held")

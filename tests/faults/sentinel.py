@@ -120,17 +120,27 @@ def sentinel_setup(down_after_ms: int = DOWN_AFTER_MS) -> Iterator[SentinelSetup
                     process.wait(timeout=5)
 
 
-def sentinel_cache(setup: SentinelSetup, socket_timeout: float | None = 0.5) -> dict[str, object]:
-    """A django-redis CACHES entry on the Sentinel-managed primary (its SentinelClient);
-    ``socket_timeout`` None: the cache sets none (neither for the primary nor the sentinels)."""
+#: a CACHES entry's BACKEND, URL scheme and module of its Sentinel client, by library
+SENTINEL_BACKENDS = {
+    "django-redis": ("django_redis.cache.RedisCache", "redis", "django_redis"),
+    "django-valkey": ("django_valkey.cache.ValkeyCache", "valkey", "django_valkey"),
+}
+
+
+def sentinel_cache(setup: SentinelSetup, socket_timeout: float | None = 0.5,
+                   library: str = "django-redis") -> dict[str, object]:
+    """A CACHES entry on the Sentinel-managed primary through ``library``'s SentinelClient
+    (a key of SENTINEL_BACKENDS); ``socket_timeout`` None: the cache sets none (neither for
+    the primary nor the sentinels)."""
+    backend, scheme, module = SENTINEL_BACKENDS[library]
     timeouts = {} if socket_timeout is None else {"SOCKET_TIMEOUT": socket_timeout,
                                                    "SOCKET_CONNECT_TIMEOUT": socket_timeout}
     return {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": f"redis://{setup.service}/0",
+        "BACKEND": backend,
+        "LOCATION": f"{scheme}://{setup.service}/0",
         "OPTIONS": {
-            "CLIENT_CLASS": "django_redis.client.SentinelClient",
-            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "CLIENT_CLASS": f"{module}.client.SentinelClient",
+            "CONNECTION_FACTORY": f"{module}.pool.SentinelConnectionFactory",
             "SENTINELS": setup.sentinels,
             **timeouts,
         },
@@ -146,20 +156,3 @@ def _knows_replica(host: str, port: int, service: str) -> bool:
     finally:
         client.close()
 
-
-def valkey_sentinel_cache(setup: SentinelSetup,
-                          socket_timeout: float | None = 0.5) -> dict[str, object]:
-    """A django-valkey CACHES entry on the Sentinel-managed primary (its SentinelClient);
-    ``socket_timeout`` None: the cache sets none."""
-    timeouts = {} if socket_timeout is None else {"SOCKET_TIMEOUT": socket_timeout,
-                                                   "SOCKET_CONNECT_TIMEOUT": socket_timeout}
-    return {
-        "BACKEND": "django_valkey.cache.ValkeyCache",
-        "LOCATION": f"valkey://{setup.service}/0",
-        "OPTIONS": {
-            "CLIENT_CLASS": "django_valkey.client.SentinelClient",
-            "CONNECTION_FACTORY": "django_valkey.pool.SentinelConnectionFactory",
-            "SENTINELS": setup.sentinels,
-            **timeouts,
-        },
-    }

@@ -19,7 +19,7 @@ from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from tests.faults.sentinel import sentinel_cache, sentinel_setup, valkey_sentinel_cache
+from tests.faults.sentinel import sentinel_cache, sentinel_setup
 
 pytestmark = [pytest.mark.redis]
 
@@ -182,7 +182,7 @@ def test_a_django_valkey_sentinel_cache_gets_a_store_on_the_primary() -> None:
     (they read the pool's proxy, made with the URL's truthy "0"). The store's own Sentinel
     pool goes to the primary as well: every decision writes (a replica answers READONLY)."""
     with sentinel_setup() as setup:
-        caches = {**settings.CACHES, "vsentinel": valkey_sentinel_cache(setup)}
+        caches = {**settings.CACHES, "vsentinel": sentinel_cache(setup, library="django-valkey")}
         options = {**settings.DEDUP_JOBS, "STORE": "vsentinel", "STORE_TIMEOUT": STORE_TIMEOUT}
         with override_settings(CACHES=caches, DEDUP_JOBS=options):
             from django.core.cache import caches as django_caches
@@ -201,5 +201,6 @@ def test_a_stopped_primary_fails_within_store_timeout_through_django_valkey() ->
 
     with sentinel_setup(down_after_ms=60_000) as setup:
         caches = {**settings.CACHES,
-                  "silent": valkey_sentinel_cache(setup, socket_timeout=None)}
+                  "silent": sentinel_cache(setup, socket_timeout=None,
+                                            library="django-valkey")}
         check_silent(caches, stall=setup.primary_server, proxy=None)

@@ -104,13 +104,12 @@ def _capped(kwargs: dict[str, Any], timeout: float, lib: Family) -> dict[str, An
 
 def _bounded_sentinel(pool: Any, timeout: float, lib: Family) -> Any:
     """S8 through Sentinel: a client on a Sentinel pool of the store's own, like the cache's
-    (service, connection class) but always on the primary (every decision writes; django-valkey
-    0.4's SentinelClient sets its primary pool's ``is_master`` to False, while that pool's
-    connections, which read the proxy, still go to the primary), its connections capped at
-    ``timeout``;
-    its sentinel manager a copy of the cache's whose sentinels are asked with a timeout of
-    ``timeout / number of sentinels`` each, so a silent sentinel is passed over in time
-    (redis-py asks them in turn for the primary's address)."""
+    (service, connection class), its connections capped at ``timeout``, and always on the
+    primary: every decision writes (django-valkey 0.4's SentinelClient sets its primary
+    pool's ``is_master`` to False, while that pool's connections, which read the proxy, still
+    go to the primary). Its sentinel manager is a copy of the cache's whose sentinels are
+    asked with a timeout of ``timeout / number of sentinels`` each, so a silent sentinel is
+    passed over in time (redis-py asks them in turn for the primary's address)."""
     manager = copy.copy(pool.sentinel_manager)
     share = timeout / max(1, len(manager.sentinels))
     manager.sentinels = [bounded_client(sentinel, share, lib)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
@@ -19,18 +19,11 @@ from dedup_jobs.stores.base import (
     decode_call,
 )
 from dedup_jobs.stores.redis.connection import _text
-from dedup_jobs.stores.redis.trim import trim_lua
+from dedup_jobs.stores.redis.scripts import TRIM_BATCH
 from dedup_jobs.stores.search import Search
 
 #: index entries examined per ZSCAN call when the admin searches
 SCAN_COUNT = 2000
-#: expired index entries dropped per call by :meth:`RedisListing.trim_index`
-TRIM_BATCH = 1000
-TRIM_SCRIPT = (
-    "local t = redis.call('TIME')\n"
-    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
-    + trim_lua("KEYS[1]", "now", TRIM_BATCH) + "\nreturn trimmed"
-)
 
 
 class RedisListing:
@@ -42,6 +35,9 @@ class RedisListing:
 
     def physical(self, key: str) -> str:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # RedisConnection's (the cluster store's routes by slot)
+        def _send(self, name: str, keys: list[str], args: Any) -> Any: ...
 
     def place(self, key: JobKey, index: str = "unique") -> tuple[str, str]:
         raise NotImplementedError
@@ -296,18 +292,15 @@ class RedisListing:
 
     def trim_index(self) -> int:
         """Drop index entries of locks that expired (their keys are gone already), in calls
-        of at most TRIM_BATCH entries each: never one long stall of the server however many
-        expired together. The server's clock, as the scripts use it."""
+        of TRIM_INDEX (at most TRIM_BATCH entries each): never one long stall of the server
+        however many expired together."""
         removed = 0
-        try:
-            for index in self.index_keys("unique"):
-                while True:
-                    trimmed = int(self.client.eval(TRIM_SCRIPT, 1, index))
-                    removed += trimmed
-                    if trimmed < TRIM_BATCH:
-                        break
-        except self._errors as exc:
-            raise StoreUnavailable(self.alias, exc) from exc
+        for index in self.index_keys("unique"):
+            while True:
+                trimmed = int(self._send("TRIM_INDEX", [index], ()))
+                removed += trimmed
+                if trimmed < TRIM_BATCH:
+                    break
         return removed
 
 

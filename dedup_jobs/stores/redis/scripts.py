@@ -366,6 +366,19 @@ local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
 return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
 """
 
+#: expired index entries one TRIM_INDEX drops
+TRIM_BATCH = 1000
+
+# TRIM_INDEX — clear_stale_locks' trim of the lock index (an operator's command, not a
+# decision): up to TRIM_BATCH entries of locks expired on the server's clock.
+# KEYS[1] an index (shard). Returns how many it dropped (fewer than TRIM_BATCH: the last call).
+TRIM_INDEX = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+""" + trim_lua("KEYS[1]", "now", TRIM_BATCH) + """
+return trimmed
+"""
+
 # THROTTLE_ADMIT, THROTTLE_RELEASE, THROTTLE_RENEW — throttling (T2-T4), in a module of
 # their own (their keys, arguments and answers are stated there).
 from dedup_jobs.stores.redis.throttle_scripts import (  # noqa: E402, F401
