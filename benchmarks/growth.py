@@ -38,6 +38,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 from benchmarks import app as bench  # noqa: F401  (Django set up, the job registered)
 from benchmarks.redisutil import client
 from benchmarks.settings import REDIS_URL
+from benchmarks.stale_index import STALE  # index entries of keys long gone
 from dedup_jobs import clock
 from dedup_jobs.jobs.base import new_task_id
 from dedup_jobs.keys import JobKey
@@ -61,18 +62,6 @@ for i = 2, #KEYS do
   redis.call('ZADD', KEYS[1], expires, KEYS[i])
 end
 return #KEYS - 1
-"""
-
-# STALE — index entries of locks that expired by themselves: scored in the past, no hash.
-# KEYS[1] the index; ARGV[1] physical key prefix, ARGV[2] first number, ARGV[3] count
-STALE = """
-local t = redis.call('TIME')
-local past = tonumber(t[1]) * 1000 - 60000
-local first = tonumber(ARGV[2])
-for i = first, first + tonumber(ARGV[3]) - 1 do
-  redis.call('ZADD', KEYS[1], past, ARGV[1] .. i)
-end
-return tonumber(ARGV[3])
 """
 
 DECISIONS = ("first dispatch", "duplicate", "worker start", "release")
@@ -152,7 +141,7 @@ def stale_release(store: RedisStore, stale: int, say: Callable[[str], None]) -> 
     index = store.index_key()
     prefix = store.physical("dedup_jobs:unique:bench.unique:gone=")
     for low in range(0, stale, 10_000):
-        script(keys=[index], args=[prefix, low, min(10_000, stale - low)])
+        script(keys=[index], args=[prefix, low, min(10_000, stale - low), 60_000])
     key, owner = key_of(-2), new_task_id()
     store.acquire(key, owner, 60.0, now=clock.now())
     t0 = time.perf_counter()
