@@ -85,6 +85,10 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert len(re.findall(r"lock acquired by task", unique)) == 1, out
     assert len(re.findall(r"message published for task", unique)) == 1, out
     assert len(re.findall(r"released \(success\)", unique)) == 1, out
+    # in the order it happens: the lock is taken, then the message published, then run
+    order = [unique.index(event) for event in (
+        "lock acquired by task", "message published for task", "worker started task")]
+    assert order == sorted(order), unique
     assert "a duplicate returned 'indexed product 42'" in unique, out
     assert "(1 distinct id)" in unique, out
 
