@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.conf import settings
@@ -374,13 +375,32 @@ def check_migrations(app_configs: Any = None, databases: Any = None,
                        "Check DATABASES and DEDUP_JOBS['DATABASE_ALIAS'].")]
     missing = [m._meta.db_table for m in (JobLock, PendingDebounce)
                if m._meta.db_table not in tables]
-    if missing:
-        # A warning, not an error: "migrate" runs database checks first and must not be
-        # refused by the very table it is about to create.
+    if missing and not _migrate_will_create(using):
+        # A warning, not an error: "migrate dedup_jobs" run on its own (not by the command
+        # itself: see _migrate_will_create) must not be refused by the table it creates.
         return [_warning(3, f"The 'database' store is in use but table "
                           f"{', '.join(map(repr, missing))} is missing in database {using!r}.",
                        "Run: python manage.py migrate dedup_jobs")]
     return []
+
+
+def _migrate_will_create(using: str) -> bool:
+    """True while Django's ``migrate`` command (or a subclass) runs the system checks, which
+    it does with the database-tagged ones before it migrates, and dedup_jobs has migrations
+    not yet applied on ``using``: the tables it is about to create are not reported missing.
+    The checks framework does not say which command runs it, hence the look up the stack."""
+    from django.core.management.commands.migrate import Command as Migrate
+    from django.db import connections
+    from django.db.migrations.loader import MigrationLoader
+
+    frame = inspect.currentframe()
+    while frame is not None and not isinstance(frame.f_locals.get("self"), Migrate):
+        frame = frame.f_back
+    if frame is None:
+        return False
+    loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+    return any(app == "dedup_jobs" and (app, name) not in loader.applied_migrations
+               for app, name in loader.graph.nodes)
 
 
 def register() -> None:

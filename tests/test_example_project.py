@@ -85,6 +85,10 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert len(re.findall(r"lock acquired by task", unique)) == 1, out
     assert len(re.findall(r"message published for task", unique)) == 1, out
     assert len(re.findall(r"released \(success\)", unique)) == 1, out
+    # in the order it happens: the lock is taken, then the message published, then run
+    order = [unique.index(event) for event in (
+        "lock acquired by task", "message published for task", "worker started task")]
+    assert order == sorted(order), unique
     assert "a duplicate returned 'indexed product 42'" in unique, out
     assert "(1 distinct id)" in unique, out
 
@@ -177,8 +181,12 @@ def test_example_project_checks_and_migrations(tmp_path: Path) -> None:
     before = manage("check", "--database", "default", "--fail-level", "WARNING", db=db)
     assert before.returncode != 0
     assert "dedup_jobs.W003" in before.stderr
-    # A plain "migrate" (which runs the database checks first) is not refused by W003.
-    assert_ok(manage("migrate", "--verbosity", "0", db=db))
+    # "migrate" runs the database checks before it migrates: the tables it is about to
+    # create are not reported missing (no W003 on a fresh database), and nothing refuses it.
+    migrated = manage("migrate", db=db)
+    assert_ok(migrated)
+    assert "Applying dedup_jobs.0001_initial... OK" in migrated.stdout, migrated.stdout
+    assert "System check identified" not in migrated.stdout + migrated.stderr, migrated.stderr
     result = manage("check", "--database", "default", "--fail-level", "WARNING", db=db)
     assert_ok(result)
     assert "System check identified no issues" in result.stdout

@@ -6,13 +6,14 @@ here (or a figure read back from the database afterwards).
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from celery.signals import after_task_publish, task_postrun, task_prerun
+from celery.signals import after_task_publish, before_task_publish, task_postrun, task_prerun
 
 from dedup_jobs.signals import job_debounced, lock_acquired, lock_released, unique_job_skipped
 
@@ -37,27 +38,45 @@ class Event:
 
 
 class Timeline:
-    """Collects the events of the given task names, thread-safely, while connected."""
+    """Collects the events of the given task names, thread-safely, while connected, in the
+    order they happened (``at``), which is not always the order their signals arrive."""
 
     def __init__(self, task_names: Iterable[str]) -> None:
         self.task_names = set(task_names)
         self.events: list[Event] = []
         self._changed = threading.Condition()
+        # per thread: (task id, when) of the publish in progress, see _on_acquired
+        self._publishing = threading.local()
 
     # -- recording ----------------------------------------------------------------------
 
-    def _add(self, kind: str, task_name: str, task_id: str, detail: str = "") -> None:
+    def _add(
+        self, kind: str, task_name: str, task_id: str, detail: str = "", at: float | None = None
+    ) -> None:
         if task_name not in self.task_names:
             return
         event = Event(
-            at=time.monotonic(), kind=kind, task_name=task_name, task_id=task_id, detail=detail
+            at=time.monotonic() if at is None else at,
+            kind=kind,
+            task_name=task_name,
+            task_id=task_id,
+            detail=detail,
         )
         with self._changed:
-            self.events.append(event)
+            bisect.insort(self.events, event, key=lambda e: e.at)
             self._changed.notify_all()
 
+    def _on_before_publish(self, sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
+        self._publishing.started = (str((headers or {}).get("id", "")), time.monotonic())
+
     def _on_acquired(self, sender: Any, owner: str, **kwargs: Any) -> None:
-        self._add(ACQUIRED, sender.name, owner)
+        # At dispatch dedup_jobs takes the lock, publishes, and sends lock_acquired once the
+        # message is out (a failed publish gives the lock back). The lock was held before the
+        # publish began: date the event then, so the timeline shows it before the publish.
+        started = getattr(self._publishing, "started", None)
+        self._publishing.started = None
+        at = started[1] if started is not None and started[0] == owner else None
+        self._add(ACQUIRED, sender.name, owner, at=at)
 
     def _on_skipped(self, sender: Any, holder_id: str, stage: str, **kwargs: Any) -> None:
         self._add(SKIPPED, sender.name, holder_id, stage)
@@ -73,11 +92,13 @@ class Timeline:
         self._add(PUBLISHED, str(headers.get("task", sender)), str(headers.get("id", "")))
 
     def _on_prerun(self, task_id: str, task: Any, **kwargs: Any) -> None:
+        self._publishing.started = None  # a worker's own re-publish is no dispatch's
         self._add(STARTED, task.name, task_id)
 
     def _on_postrun(
         self, task_id: str, task: Any, state: Any = None, retval: Any = None, **kwargs: Any
     ) -> None:
+        self._publishing.started = None
         self._add(FINISHED, task.name, task_id, f"{state}: {retval!r}")
 
     _SIGNALS = (
@@ -85,6 +106,7 @@ class Timeline:
         (unique_job_skipped, "_on_skipped"),
         (job_debounced, "_on_debounced"),
         (lock_released, "_on_released"),
+        (before_task_publish, "_on_before_publish"),
         (after_task_publish, "_on_published"),
         (task_prerun, "_on_prerun"),
         (task_postrun, "_on_postrun"),

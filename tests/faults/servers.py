@@ -152,9 +152,20 @@ def valkey_server_binary() -> str:
 def redis_server(*extra: str, binary: str | None = None,
                  highest_port: int = 65535) -> Iterator[RedisServer]:
     """Start a private redis-server (no RDB, no AOF) on a free loopback port; stop it by pid.
+    It works in a temporary directory of its own, removed when it stops (a replica's full
+    sync writes an RDB file there; ``--dir`` in ``extra`` overrides it).
     ``binary``: another server of the protocol (``valkey-server`` takes the same options);
     ``highest_port``: the highest port to take (see :func:`free_port`)."""
     binary = binary or redis_server_binary()
+    with (
+        tempfile.TemporaryDirectory(prefix="dedup-redis-") as directory,
+        _started(binary, ("--dir", directory, *extra), highest_port) as server,
+    ):
+        yield server
+
+
+@contextmanager
+def _started(binary: str, extra: tuple[str, ...], highest_port: int) -> Iterator[RedisServer]:
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     for _attempt in range(3):  # the free port may be taken between bind() and redis-server
         port = free_port(highest_port)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from tests.faults.proxy import Proxy
-from tests.faults.servers import STALLS, RedisServer
+from tests.faults.servers import STALLS, RedisServer, redis_server
 
 
 @pytest.mark.parametrize("kind", sorted(STALLS))
@@ -68,3 +69,23 @@ def test_proxy_passes_delays_loses_and_swallows(
     store_proxy.pass_through()
     time.sleep(0.2)
     assert private_redis.client.get("ctr") == b"4"
+
+
+def test_every_private_server_writes_into_a_directory_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica's full sync writes the primary's RDB into the server's ``dir``: with no
+    ``--dir`` that was the test run's working directory (a dump.rdb got committed). Each
+    private server gets a directory of its own, removed when it stops."""
+    monkeypatch.chdir(tmp_path)  # the servers inherit the working directory
+    with redis_server() as primary, \
+            redis_server("--replicaof", primary.host, str(primary.port)) as replica:
+        deadline = time.monotonic() + 20
+        while replica.client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never synced"
+            time.sleep(0.05)
+        dirs = [Path(s.client.config_get("dir")["dir"]) for s in (primary, replica)]
+        assert len(set(dirs)) == 2 and tmp_path not in dirs, dirs
+        assert (dirs[1] / "dump.rdb").exists(), list(dirs[1].iterdir())  # the full sync
+    assert not [d for d in dirs if d.exists()], dirs
+    assert list(tmp_path.iterdir()) == []
