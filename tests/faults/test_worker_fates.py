@@ -203,6 +203,29 @@ def test_until_processing_check_without_the_store_releases_the_lock(
     assert not second.deduplicated and ran and second.result == 2 and len(rows) == 2, rows
 
 
+def test_release_without_the_store_is_sent_again_once_it_answers(
+        app: Any, private_redis: RedisServer, store_proxy: Proxy) -> None:
+    """W4: "A release whose reply is lost is re-sent": a UniqueJob whose check and release
+    both cannot reach the store (every request of the worker swallowed from before it takes
+    the message until after its run ended) leaves no lock once the store answers again: the
+    release is re-sent (within LEASE_SECONDS), so the queued lock of its dispatch does not
+    stay for unique_for, and the next dispatch runs."""
+    t = token()
+    with fault_worker(store_proxy, fault_unique, concurrency=1):
+        store_proxy.blackhole()
+        first = fault_unique.delay(t, 1)
+        assert first.get(timeout=30) == 1
+        store_proxy.pass_through()
+        gone, took = until(lambda: lock_of(fault_unique, t) is None, LEASE_SECONDS + SLACK)
+        left = lock_of(fault_unique, t)
+        second = fault_unique.delay(t, 2)
+        ran = _ready([second], 30)
+    assert gone, (f"the lock of finished task {left.owner} is still held ({left.state}, expires "
+                  f"in {left.expires_at - time.time():.0f}s) {took:.1f}s after the store "
+                  f"answered again")
+    assert not second.deduplicated and ran and second.result == 2
+
+
 def test_limits_while_the_store_is_down_are_never_exceeded(
         app: Any, private_redis: RedisServer, store_proxy: Proxy) -> None:
     """W7, T2, T3: "Limits while the store is down run unthrottled (3 at once against
