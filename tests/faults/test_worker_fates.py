@@ -46,6 +46,9 @@ SLACK = 0.5
 #: seconds between a message's admission and its body's recorded start, at most, on a loaded
 #: 2-core machine
 START_NOISE = 0.3
+#: LIMITS_ON_STORE_ERROR of the lost-reply tests of limits: W7 defers the message (the copy
+#: re-sends the admission); "run" runs it at once and the lease thread re-sends it (W4)
+LIMITS = ["defer", "run"]
 
 
 @contextmanager
@@ -111,16 +114,18 @@ def test_lost_start_reply_lock_is_leased_by_the_reconciliation(
     assert released, lock_of(fault_unique, t)
 
 
+@pytest.mark.parametrize("limits", LIMITS)
 def test_lost_start_exclusive_reply_never_overlaps(
-        app: Any, private_redis: RedisServer, store_proxy: Proxy) -> None:
+        app: Any, private_redis: RedisServer, store_proxy: Proxy, limits: str) -> None:
     """W7, R2, W4: "Lost START_EXCLUSIVE reply (without_overlapping): two runs of one key at
     once; the running marker the lost call took was never renewed or released" — W7: the
     message whose exclusive check could not reach the store waits (re-published, same task
     id, the same check re-sent by the copy), never runs unguarded; the marker is renewed
     while it runs, so a second message of the key waits for it (R2); all of it is gone
-    after the run."""
+    after the run. With LIMITS_ON_STORE_ERROR = "run" the body runs at once and W4's
+    re-sent check finds the marker the lost call took and renews it."""
     t = token()
-    with fault_worker(store_proxy, fault_exclusive):
+    with fault_worker(store_proxy, fault_exclusive, limits=limits):
         key, store = fault_exclusive.job_key((t,), {}), get_store("faulty")
         first, second, grant = _lost_reply_then_second(
             store_proxy, fault_exclusive, t, lambda: store.get(running_key(key)) is None)
@@ -144,14 +149,17 @@ def _slot(job: Any, t: str) -> Any:
             if score > now]
 
 
+@pytest.mark.parametrize("limits", LIMITS)
 def test_lost_throttle_admit_reply_never_runs_two_at_once(
-        app: Any, private_redis: RedisServer, store_proxy: Proxy) -> None:
+        app: Any, private_redis: RedisServer, store_proxy: Proxy, limits: str) -> None:
     """W7, T2: "Lost THROTTLE_ADMIT reply (concurrency=1): two bodies at once" — W7: the
     message whose admission could not reach the store waits (re-published, same task id)
     and takes up the slot the lost call took for it (same owner); it holds it while it
-    runs, so a second message of the key is deferred, never beside it."""
+    runs, so a second message of the key is deferred, never beside it. With
+    LIMITS_ON_STORE_ERROR = "run" the body runs at once and W4's re-sent admission finds the
+    slot and renews it."""
     t = token()
-    with fault_worker(store_proxy, fault_one_at_once):
+    with fault_worker(store_proxy, fault_one_at_once, limits=limits):
         first, second, grant = _lost_reply_then_second(
             store_proxy, fault_one_at_once, t, lambda: not _slot(fault_one_at_once, t))
         rows = _table(t)
@@ -160,13 +168,14 @@ def test_lost_throttle_admit_reply_never_runs_two_at_once(
     assert (first.result, second.result) == (1, 2) and len(rows) == 2, rows
 
 
+@pytest.mark.parametrize("limits", LIMITS)
 def test_lost_throttle_admit_reply_leaves_no_slot_behind(
-        app: Any, private_redis: RedisServer, store_proxy: Proxy) -> None:
+        app: Any, private_redis: RedisServer, store_proxy: Proxy, limits: str) -> None:
     """W7, W4, T2: "with a short body the same unreleased slot instead blocks the key until
     its lease runs out" — once the message whose admission reply was lost has run, no slot
     of its key is held any more (its run released the slot the lost call took)."""
     t = token()
-    with fault_worker(store_proxy, fault_one_at_once):
+    with fault_worker(store_proxy, fault_one_at_once, limits=limits):
         lost = store_proxy.delay_next_reply(LOST, match=t.encode())
         first = fault_one_at_once.delay(t, 1)
         assert first.get(timeout=30) == 1
