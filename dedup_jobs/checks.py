@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from dedup_jobs.conf import DEFAULTS, ON_STORE_ERROR_CHOICES
+from dedup_jobs.conf import DEFAULTS, LIMITS_ON_STORE_ERROR_CHOICES, ON_STORE_ERROR_CHOICES
 from dedup_jobs.exceptions import InvalidJobConfiguration
 
 DOCS = "See docs/checks.md."
@@ -40,6 +40,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     if value not in ON_STORE_ERROR_CHOICES:
         errors.append(_error(3, f"DEDUP_JOBS['ON_STORE_ERROR'] = {value!r} is not one of "
                                 f"{ON_STORE_ERROR_CHOICES!r}.", "Use 'raise' or 'enqueue'."))
+    value = raw.get("LIMITS_ON_STORE_ERROR", DEFAULTS["LIMITS_ON_STORE_ERROR"])
+    if value not in LIMITS_ON_STORE_ERROR_CHOICES:
+        errors.append(_error(3, f"DEDUP_JOBS['LIMITS_ON_STORE_ERROR'] = {value!r} is not one "
+                                f"of {LIMITS_ON_STORE_ERROR_CHOICES!r}.",
+                             "Use 'defer' (the default: a limit is never exceeded) or 'run'."))
     for name in ("KEY_PREFIX", "STORE", "DATABASE_ALIAS"):
         value = raw.get(name, DEFAULTS[name])
         if not isinstance(value, str) or not value:

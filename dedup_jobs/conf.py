@@ -22,6 +22,10 @@ DEFAULTS: dict[str, Any] = {
     # "raise": a dispatch while the store is down raises StoreUnavailable.
     # "enqueue": it publishes without a lock and logs a warning.
     "ON_STORE_ERROR": "raise",
+    # W7: a concurrency, throttle or without_overlapping admission that cannot reach the
+    # store: "defer" re-publishes the message (a limit is never exceeded because the store
+    # blinked); "run" runs it (logged), beside the limit if need be.
+    "LIMITS_ON_STORE_ERROR": "defer",
     # Seconds a store call may take in all (S8), also when the cache sets no socket timeout:
     # past it the call is StoreUnavailable, and whatever it may have left is cleaned up.
     "STORE_TIMEOUT": 5.0,
@@ -45,6 +49,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 ON_STORE_ERROR_CHOICES = ("raise", "enqueue")
+LIMITS_ON_STORE_ERROR_CHOICES = ("defer", "run")
 
 
 class AppSettings:
@@ -87,6 +92,10 @@ class AppSettings:
     @property
     def ON_STORE_ERROR(self) -> str:
         return str(self._get("ON_STORE_ERROR"))
+
+    @property
+    def LIMITS_ON_STORE_ERROR(self) -> str:
+        return str(self._get("LIMITS_ON_STORE_ERROR"))
 
     @property
     def STORE_TIMEOUT(self) -> float:

@@ -91,6 +91,7 @@ def test_default_test_settings_pass_the_checks() -> None:
         ({"LEASE_SECONDS": -1}, "dedup_jobs.E003"),
         ({"STORE_TIMEOUT": 0}, "dedup_jobs.E003"),
         ({"ON_STORE_ERROR": "ignore"}, "dedup_jobs.E003"),
+        ({"LIMITS_ON_STORE_ERROR": "skip"}, "dedup_jobs.E003"),
         ({"SHOW_ARGS": "no"}, "dedup_jobs.E003"),
         ({"STORE": "nowhere"}, "dedup_jobs.E004"),
     ],
@@ -106,6 +107,17 @@ def test_check_message_names_key_and_value() -> None:
         [message] = [m for m in run_checks() if m.id == "dedup_jobs.E003"]
     assert "ON_STORE_ERROR" in message.msg and "'ignore'" in message.msg
     assert message.hint and "'raise' or 'enqueue'" in message.hint
+
+
+def test_limits_on_store_error_takes_defer_or_run() -> None:
+    """W7/A3: LIMITS_ON_STORE_ERROR "defer" and "run" pass the checks; another value is
+    E003 naming the key, the value and both choices."""
+    for value in ("defer", "run"):
+        assert "dedup_jobs.E003" not in ids(DEDUP_JOBS={"LIMITS_ON_STORE_ERROR": value})
+    with override_settings(DEDUP_JOBS={"LIMITS_ON_STORE_ERROR": "skip"}):
+        [message] = [m for m in run_checks() if m.id == "dedup_jobs.E003"]
+    assert "LIMITS_ON_STORE_ERROR" in message.msg and "'skip'" in message.msg
+    assert message.hint and "'defer'" in message.hint and "'run'" in message.hint
 
 
 def test_store_checks() -> None:

@@ -18,7 +18,13 @@
 - **observed** (R3, observe-only): every decision above is taken and reported
   (``observed=True``, a log line), then the message runs as a plain task would;
 - **dropped**: a copy the broker redelivered after the first run finished (W5);
-- **run unchecked**: no key can be computed, or the store cannot answer (W4).
+- **run unchecked**: no key can be computed (W4);
+- **run, reconciled**: the lock check cannot reach the store (W4): the body runs and the
+  lease thread re-sends the same check (same delivery nonce) until the store answers, then
+  holds what it granted (``Admitted.resend``, ``Slot.resend``);
+- **deferred for the store** (W7): a ``concurrency``, ``throttle`` or ``without_overlapping``
+  admission cannot reach the store: published again (same task id, ``job_deferred`` reason
+  ``"store_error"``); a limit is never exceeded because the store blinked.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, notify
 from dedup_jobs.jobs.chains import revoke_links
+from dedup_jobs.jobs.store_errors import defer_for_store, holds_after
 from dedup_jobs.jobs.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_deferred, lock_acquired, lock_released, unique_job_skipped
-from dedup_jobs.stores.base import BaseStore, Started, new_request_id, running_key
+from dedup_jobs.stores.base import Admission, BaseStore, Started, new_request_id, running_key
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob
@@ -52,6 +59,10 @@ REDELIVERED = "redelivered"
 OBSERVED = "observed"
 #: dedup header: how many times the message was deferred for an overlapping run (R2)
 DEFERRED = "deferred"
+#: dedup header of a copy deferred because its exclusive check could not reach the store
+#: (W7): that check's delivery nonce, so the copy re-sends the very same call (S7) and finds
+#: the running marker the lost call may have taken as its own
+NONCE = "nonce"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +74,13 @@ class Admitted:
     store: BaseStore | None = None  # None (with key): no key could be computed, run unchecked
     key: JobKey | None = None
     alias: str = ""
-    checked: bool = True  # False: the store could not answer (W4), run and release after
     delivery: str | None = None  # this delivery's nonce (W5), kept by the lease (W6)
     marker: JobKey | None = None  # R2: the running marker this run holds (leased, released)
     slot: Slot | None = None  # T2: the concurrency slot this run holds (leased, released)
+    #: W4: the check whose reply was lost, re-sent by the lease thread (see lease.py)
+    resend: Callable[[BaseStore], bool] | None = None
+    #: W7: the check was a re-send (a copy deferred for the store): renew at once
+    resent: bool = False
 
 
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
@@ -127,22 +141,32 @@ def check_lock(
     request = job.request
     owner = str(request.id)
     observing = job.observing()
-    delivery = new_request_id()
+    delivery = str((header or {}).get(NONCE) or new_request_id())
     exclusive = job.without_overlapping and job.release_on_start
-    try:
+    lease = app_settings.LEASE_SECONDS
+
+    def check(through: BaseStore) -> Started:
         if exclusive:
-            started = store.start_exclusive(key, running_key(key), owner,
-                                            app_settings.LEASE_SECONDS, now=clock.now(),
-                                            delivery=delivery)
-        else:
-            started = store.start(key, owner, app_settings.LEASE_SECONDS, now=clock.now(),
-                                  release=job.release_on_start, delivery=delivery,
-                                  redelivered=redelivered)
+            return through.start_exclusive(key, running_key(key), owner, lease,
+                                           now=clock.now(), delivery=delivery)
+        return through.start(key, owner, lease, now=clock.now(), release=job.release_on_start,
+                             delivery=delivery, redelivered=redelivered)
+
+    try:
+        started = check(store)
     except StoreUnavailable:
-        logger.warning("%s[%s]: store %r unavailable at the worker check; running.",
-                       job.name, owner, alias, exc_info=True)
+        if exclusive:  # W7: R2 is a limit; wait for the store rather than overlap
+            defer_for_store(job, key, alias, "worker check", lambda countdown: republish(
+                job, args, kwargs, key, alias, countdown,
+                {REDELIVERED: redelivered, NONCE: delivery}))
+        logger.warning("%s[%s]: store %r unavailable at the worker check; running (what the "
+                       "check did is settled when the store answers).", job.name, owner,
+                       alias, exc_info=True)
         return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
-                        checked=False)
+                        delivery=delivery,
+                        marker=running_key(key) if exclusive else None,
+                        resend=lambda through: holds_after(check(through), job.release_on_start
+                                                      and not exclusive))
     if started.done:
         # W5: the first delivery's run has just released the lock; its result is being stored.
         logger.info("%s[%s]: redelivered copy of a run that just ended dropped.", job.name, owner)
@@ -161,7 +185,8 @@ def check_lock(
         notify(lock_released, type(job), key=key.key, owner=owner, store=alias,
                reason="processing")
     return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
-                    delivery=delivery, marker=running_key(key) if exclusive else None)
+                    delivery=delivery, marker=running_key(key) if exclusive else None,
+                    resent=bool((header or {}).get(NONCE)))
 
 
 def admit_throttle(
@@ -192,15 +217,21 @@ def admit_throttle(
                        "unthrottled.", job.name, owner, alias)
         return None
     concurrency = int(job.concurrency or 0)
-    try:
-        answer = store.throttle_admit(
-            key, owner, delivery=new_request_id(), concurrency=concurrency,
+    delivery = new_request_id()
+
+    def ask(through: BaseStore) -> Admission:
+        return through.throttle_admit(
+            key, owner, delivery=delivery, concurrency=concurrency,
             rate_limit=rate.limit if rate else 0, rate_period=rate.period if rate else 1.0,
             lease=app_settings.LEASE_SECONDS)
+
+    try:
+        answer = ask(store)
     except StoreUnavailable:
-        logger.warning("%s[%s]: store %r unavailable at the throttle check; running "
-                       "unthrottled.", job.name, owner, alias, exc_info=True)
-        return None
+        defer_for_store(job, key, alias, "throttle check", again)  # W7
+        # Run after all: a slot the lost call may have taken is settled by the lease (W4).
+        return Slot(store=store, key=key, owner=owner, limit=concurrency,
+                    resend=lambda through: ask(through).admitted) if concurrency else None
     if answer.admitted:
         return Slot(store=store, key=key, owner=owner, limit=concurrency) if concurrency else None
     # The store's answer holds the jitter (T2: up to a quarter of a wait for a slot, at most

@@ -6,7 +6,14 @@ release under the job) takes it back for the same owner (W6); one that finds ano
 sends ``lock_lost``, logs a WARNING and stops, leaving that owner's lock alone. Under gevent
 and eventlet the thread is a real OS thread (see ``native``), renews through stores of its own
 (:meth:`BaseStore.for_thread`) and hands its log records and signals to a green thread of the
-worker, since code run by the OS thread must not touch the hub's sockets or green locks."""
+worker, since code run by the OS thread must not touch the hub's sockets or green locks.
+
+A grant whose outcome is unknown (W4: the worker's check or admission timed out, its reply
+lost or late, so the store may or may not have run it) is held the same way with a
+``resend``: the thread re-sends that same idempotent call (S7, same delivery nonce) at once
+and then every third of the lease until the store answers; what the answer granted is renewed
+from then on (``granted`` True), a refusal stops the lease (``granted`` False: nothing of it
+to renew or release). A message delivered once never has a ``resend``: it pays nothing."""
 
 from __future__ import annotations
 
@@ -52,6 +59,11 @@ class _Lease:
     delivery: str | None  # the nonce of this delivery's start (W5), kept when taken back
     slot_limit: int = 0  # T2: a concurrency slot of a throttle key (of this many), not a lock
     due: float = field(default=0.0)  # time.monotonic() of the next renewal
+    #: W4: the call whose reply was lost, re-sent (through the given store) until the store
+    #: answers; it returns whether it granted what this lease renews. None once answered.
+    resend: Callable[[BaseStore], bool] | None = None
+    #: None while the outcome is unknown; False: not granted (nothing to renew or release)
+    granted: bool | None = True
 
 
 class LeaseKeeper:
@@ -98,14 +110,22 @@ class LeaseKeeper:
     def hold(
         self, store: BaseStore, key: JobKey, owner: str, ttl: float, *, sender: type,
         delivery: str | None = None, slot_limit: int = 0,
-    ) -> Iterator[None]:
+        resend: Callable[[BaseStore], bool] | None = None, renew_at_once: bool = False,
+    ) -> Iterator[_Lease]:
         """Renew ``owner``'s lock at ``key`` for ``ttl`` seconds at a time while the block
         runs (with ``slot_limit``: ``owner``'s concurrency slot of the throttle key ``key``,
         T2). When the block ends no renewal of it is under way or will start, so the caller
-        may release the lock right after (a renewal never takes back a finished job's lock)."""
+        may release the lock right after (a renewal never takes back a finished job's lock).
+        With ``resend`` the grant is unknown (W4): it is re-sent first (see the module's
+        text); the lease yielded tells in ``granted`` what the caller has to release.
+        ``renew_at_once``: the grant came from a re-sent call, whose answer (the first
+        one's, S7) may not have extended it: the first renewal is not put off a third."""
+        now = time.monotonic()
         lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, sender=sender,
                        delivery=delivery, slot_limit=slot_limit,
-                       due=time.monotonic() + ttl / 3)
+                       due=now if resend is not None or renew_at_once else now + ttl / 3,
+                       resend=resend,
+                       granted=None if resend is not None else True)
         with self._mutex:
             self._next_token += 1
             token = self._next_token
@@ -118,7 +138,7 @@ class LeaseKeeper:
         if wake:
             self._bell.ring()
         try:
-            yield
+            yield lease
         finally:
             self._stop(token)
             self._deliver()
@@ -236,6 +256,8 @@ class LeaseKeeper:
 
     def _decide(self, lease: _Lease) -> list[Deferred]:
         """One renewal; what to log and send about it."""
+        if lease.resend is not None:
+            return self._reconcile(lease)
         key, owner = lease.key.key, lease.owner
         try:
             if lease.slot_limit:
@@ -280,6 +302,28 @@ class LeaseKeeper:
                 store=lease.store.alias, holder=renewed.holder, observed=False,
             ),
         ]
+
+    def _reconcile(self, lease: _Lease) -> list[Deferred]:
+        """W4: re-send the call whose reply was lost; what to log about it."""
+        assert lease.resend is not None
+        key, owner = lease.key.key, lease.owner
+        try:
+            granted = lease.resend(self._store(lease.store))
+        except Exception:
+            return [partial(
+                logger.warning, "The store still cannot say what the check of task %s at %s "
+                "granted; asking again in %.1fs.", owner, key, lease.ttl / 3,
+                exc_info=sys.exc_info(),
+            )]
+        lease.resend, lease.granted = None, granted
+        if not granted:
+            lease.due = math.inf  # nothing of this run's to renew
+            return [partial(logger.info, "The store answered the check of running task %s "
+                            "at %s: nothing to hold.", owner, key)]
+        lease.due = time.monotonic()  # renewed at once: a re-sent answer may not extend it
+        return [partial(logger.warning, "The store answered the check of running task %s "
+                        "at %s: %s is held by it again and renewed until it ends.", owner,
+                        key, "a concurrency slot" if lease.slot_limit else "the key")]
 
     def _store(self, store: BaseStore) -> BaseStore:
         """The store to renew through: under gevent/eventlet one of this thread's own."""

@@ -107,8 +107,8 @@ class Rollbacks:
                 wait = min(wait * 2, max(FIRST_WAIT, app_settings.LEASE_SECONDS / 3))
                 continue
             if removed:
-                logger.warning("dedup_jobs: removed %s, left behind by a dispatch that failed "
-                               "with StoreUnavailable.", undo.what)
+                logger.warning("dedup_jobs: removed %s, left behind by a store call that "
+                               "failed with StoreUnavailable.", undo.what)
             self._done(undo)
             wait = FIRST_WAIT / 10
 

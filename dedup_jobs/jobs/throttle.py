@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from celery.exceptions import Retry
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId, StoreUnavailable
+from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 
 #: seconds per period letter of Celery's rate syntax
@@ -140,18 +141,27 @@ class Slot:
     key: JobKey
     owner: str
     limit: int
+    #: W4: the admission whose reply was lost (the slot may or may not be held), re-sent by
+    #: the lease thread until the store answers; it returns whether a slot was granted
+    resend: Callable[[Any], bool] | None = None
 
 
 def release_slot(job_name: str, slot: Slot | None) -> None:
-    """Free ``slot`` (None: nothing to free): its run ended, or it does not run after all."""
+    """Free ``slot`` (None: nothing to free): its run ended, or it does not run after all.
+    A release that cannot reach the store is re-sent until it answers (W4), by the rollback
+    thread, for as long as the slot could live (a lease)."""
     if slot is None:
         return
     try:
         slot.store.throttle_release(slot.key, slot.owner)
     except StoreUnavailable:
         logging.getLogger("dedup_jobs").warning(
-            "%s[%s]: could not release its slot of %s; it frees within LEASE_SECONDS.",
+            "%s[%s]: could not release its slot of %s; released as soon as the store "
+            "answers (it frees within LEASE_SECONDS anyway).",
             job_name, slot.owner, slot.key.key, exc_info=True)
+        rollbacks.add(f"the concurrency slot of {slot.key.key} held by task {slot.owner}",
+                      lambda: bool(slot.store.throttle_release(slot.key, slot.owner)),
+                      lifetime=app_settings.LEASE_SECONDS)
 
 
 @contextmanager
@@ -166,9 +176,10 @@ def holding(slot: Slot | None, sender: type, request: Any) -> Iterator[None]:
     from dedup_jobs.jobs.lease import leases
 
     keep = False
+    lease: Any = None
     try:
         with leases.hold(slot.store, slot.key, slot.owner, app_settings.LEASE_SECONDS,
-                         sender=sender, slot_limit=slot.limit):
+                         sender=sender, slot_limit=slot.limit, resend=slot.resend) as lease:
             yield
     except Retry:
         keep = True
@@ -176,5 +187,7 @@ def holding(slot: Slot | None, sender: type, request: Any) -> Iterator[None]:
     finally:
         keep = keep or bool(getattr(request, "dedup_handed_over", False)
                             or getattr(request, "dedup_slot_kept", False))
+        # W4: a re-sent admission that granted no slot leaves nothing to free
+        keep = keep or (lease is not None and lease.granted is False)
         if not keep:
             release_slot(str(getattr(sender, "name", sender)), slot)

@@ -276,25 +276,19 @@ class UniqueJob(DedupJob):
         store, key, alias, owner = admitted.store, admitted.key, admitted.alias, admitted.owner
         if store is None or key is None:
             return self.run(*args, **kwargs)  # no key could be computed (W4)
-        if not admitted.checked:
-            try:
-                return self.run(*args, **kwargs)
-            finally:
-                # The store may be back: release this message's own lock (compare-and-delete,
-                # a no-op if it is gone or another owner's) so it does not outlive the run.
-                if not self.release_on_start:
-                    self._finish(store, key, owner, alias, "success")
         if admitted.marker is not None:
-            return self._run_marked(store, admitted.marker, owner, admitted.delivery, args,
-                                    kwargs)
-        if self.release_on_start:
+            return self._run_marked(store, admitted, args, kwargs)
+        if self.release_on_start and admitted.resend is None:
             return self.run(*args, **kwargs)
         lease = app_settings.LEASE_SECONDS
         # Released only once the lease has stopped: a renewal after the release would take
-        # the finished job's lock back (W6).
+        # the finished job's lock back (W6). W4: a check whose reply was lost is re-sent by
+        # the lease thread (``resend``); the lock is released unless its answer granted
+        # nothing (an until-processing check released it, another owner holds it).
+        held: Any = None
         try:
             with leases.hold(store, key, owner, lease, sender=type(self),
-                             delivery=admitted.delivery):
+                             delivery=admitted.delivery, resend=admitted.resend) as held:
                 result = self.run(*args, **kwargs)
         except Retry:
             raise  # the retry was published with the lock kept for it
@@ -304,52 +298,62 @@ class UniqueJob(DedupJob):
                 # delivery is not taken for a second copy of a live run (W5).
                 self._try_acquire(store, key, owner, self.lock_ttl(), clock.now(),
                                   reentrant=True)
-            else:
+            elif held is None or held.granted is not False:
                 self._finish(store, key, owner, alias, "failure")
             raise
         except Ignore:
-            self._finish(store, key, owner, alias, "success")
+            if held is None or held.granted is not False:
+                self._finish(store, key, owner, alias, "success")
             raise
         except BaseException:
-            self._finish(store, key, owner, alias, "failure")
+            if held is None or held.granted is not False:
+                self._finish(store, key, owner, alias, "failure")
             raise
-        if getattr(request, "dedup_handed_over", False):
+        if getattr(request, "dedup_handed_over", False) or held.granted is False:
             return result  # self.retry(throw=False): the retry message owns the lock now
         self._finish(store, key, owner, alias, "success")
         return result
 
-    def _run_marked(
-        self, store: BaseStore, marker: JobKey, owner: str, delivery: str | None, args: Any,
-        kwargs: Any,
-    ) -> Any:
+    def _run_marked(self, store: BaseStore, admitted: Admitted, args: Any, kwargs: Any) -> Any:
         """R2: run under the key's running marker (leased like a lock, so a killed worker
         frees it within LEASE_SECONDS), released however the run ends, retries included
-        (the retry is a new run that must not wait for this one)."""
+        (the retry is a new run that must not wait for this one). W4: a check whose reply
+        was lost is re-sent by the lease thread; still unknown at the end, the lock it
+        should have released goes too."""
+        marker, owner = admitted.marker, admitted.owner
+        assert marker is not None and admitted.key is not None
+        held: Any = None
         try:
             with leases.hold(store, marker, owner, app_settings.LEASE_SECONDS,
-                             sender=type(self), delivery=delivery):
+                             sender=type(self), delivery=admitted.delivery,
+                             resend=admitted.resend, renew_at_once=admitted.resent) as held:
                 return self.run(*args, **kwargs)
         finally:
-            try:
-                store.release(marker, owner)
-            except StoreUnavailable:
-                logger.warning("%s[%s]: could not release the running marker %s; it expires "
-                               "within LEASE_SECONDS.", self.name, owner, marker.key,
-                               exc_info=True)
+            if held is None or held.granted is not False:
+                self._finish(store, marker, owner, admitted.alias, "", quiet=True)
+            if held is not None and held.granted is None:
+                self._finish(store, admitted.key, owner, admitted.alias, "processing")
 
-    def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str) -> None:
+    def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str,
+                *, quiet: bool = False) -> None:
+        """Compare-and-delete ``owner``'s lock (or running marker: ``quiet``, no signal). A
+        release that cannot reach the store is re-sent until it answers (W4: its reply may
+        be lost, or it never ran), for as long as the lock could live."""
         try:
             released = store.release(key, owner)
         except StoreUnavailable:
             logger.warning(
-                "%s[%s]: could not release %s; it expires within LEASE_SECONDS.",
+                "%s[%s]: could not release %s; released as soon as the store answers.",
                 self.name,
                 owner,
                 key.key,
                 exc_info=True,
             )
+            rollbacks.add(f"{key.key} of finished task {owner}",
+                          lambda: bool(store.release(key, owner)),
+                          lifetime=self.lock_ttl() + app_settings.LEASE_SECONDS)
             return
-        if released:
+        if released and not quiet:
             notify(lock_released, type(self), key=key.key, owner=owner, store=alias, reason=reason)
 
     def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import task_prerun
 
-from dedup_jobs import DebouncedJob, UniqueJob
+from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob, UniqueUntilProcessingJob
 from tests.jobs import runs_client
 from tests.jobs_guard import wait_gate
 
@@ -88,6 +88,42 @@ def fault_unique(self: UniqueJob, token: str, value: int = 0, seconds: float = 0
 
 
 @shared_task(
+    bind=True, base=UniqueUntilProcessingJob, unique_for=60, unique_on=("token",),
+    name="tests.faults.until",
+)
+def fault_until(self: UniqueJob, token: str, value: int = 0, seconds: float = 0.0) -> int:
+    """A UniqueUntilProcessingJob whose body takes ``seconds``."""
+    _body(self, token, seconds, "", value)
+    return value
+
+
+@shared_task(
+    bind=True, base=UniqueUntilProcessingJob, unique_for=60, unique_on=("token",),
+    without_overlapping=True, name="tests.faults.exclusive",
+)
+def fault_exclusive(self: UniqueJob, token: str, value: int = 0, seconds: float = 0.0) -> int:
+    """A UniqueUntilProcessingJob without_overlapping (R2) whose body takes ``seconds``."""
+    _body(self, token, seconds, "", value)
+    return value
+
+
+def _throttled(name: str, **limits: Any) -> Any:
+    """A ThrottledJob keyed by its ``token`` argument, whose body takes ``seconds``."""
+
+    def body(self: ThrottledJob, token: str, value: int = 0, seconds: float = 0.0) -> int:
+        _body(self, token, seconds, "", value)
+        return value
+
+    return shared_task(bind=True, base=ThrottledJob, throttle_on=("token",),
+                       name=f"tests.faults.{name}", **limits)(body)
+
+
+fault_one_at_once = _throttled("one_at_once", concurrency=1)
+fault_two_at_once = _throttled("two_at_once", concurrency=2)
+fault_five_per_second = _throttled("five_per_second", throttle="5/s")
+
+
+@shared_task(
     bind=True,
     base=DebouncedJob,
     debounce_for=DEBOUNCE_FOR,
@@ -114,13 +150,18 @@ def fault_acks_late(self: UniqueJob, token: str, gate: str = "") -> str:
     return token
 
 
+#: the jobs whose every delivery is recorded (event "delivery")
+DELIVERIES_OF = {fault_acks_late.name, fault_two_at_once.name, fault_five_per_second.name}
+
+
 @task_prerun.connect(weak=False, dispatch_uid="tests.faults.jobs.deliveries")
 def _delivered(
     sender: Any = None, task_id: Any = None, args: Any = None, kwargs: Any = None, **extra: Any
 ) -> None:
-    """Every delivery of fault_acks_late reaching a worker, before any dedup check: so a test
-    sees a redelivered copy arrive even when the guard keeps its body from running."""
-    if getattr(sender, "name", None) != fault_acks_late.name:
+    """Every delivery of fault_acks_late (and of the throttled jobs) reaching a worker, before
+    any dedup check: so a test sees a redelivered copy arrive even when the guard keeps its
+    body from running, or a message reach the worker while its store is down."""
+    if getattr(sender, "name", None) not in DELIVERIES_OF:
         return
     token = (kwargs or {}).get("token") or (args[0] if args else "")
     info = sender.request.delivery_info or {}

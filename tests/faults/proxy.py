@@ -3,7 +3,9 @@ delays, loses or swallows replies.
 
 Modes for every connection: :meth:`Proxy.pass_through` (the default),
 :meth:`Proxy.delay_replies` (every reply ``D`` seconds late), :meth:`Proxy.blackhole` (requests
-are read and thrown away: nothing runs, nothing is answered). One-shot faults armed for the next
+are read and thrown away: nothing runs, nothing is answered; :attr:`Proxy.swallowed` keeps
+them), :meth:`Proxy.refuse` (the server is down: every connection is closed as soon as it is
+made; :attr:`Proxy.refused` counts them). One-shot faults armed for the next
 request that contains some bytes (a key, a token): :meth:`Proxy.drop_next_reply` — a "lost
 reply": the request reaches the server and runs, its reply is thrown away and the client's
 connection is closed, so the client sees a connection error although the command ran — and
@@ -30,7 +32,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 HOST = "127.0.0.1"
-PASS, DELAY, BLACKHOLE = "pass", "delay", "blackhole"
+PASS, DELAY, BLACKHOLE, REFUSE = "pass", "delay", "blackhole", "refuse"
 
 
 @dataclass
@@ -84,6 +86,7 @@ class _Link:
                 if not data:
                     break
                 if self.proxy.mode == BLACKHOLE:
+                    self.proxy.swallowed.append(data)
                     continue
                 self.proxy.requests += 1
                 fault = self.proxy._take_fault(data)
@@ -137,6 +140,8 @@ class Proxy:
         self.mode = PASS
         self.delay = 0.0
         self.requests = 0  # requests forwarded so far, on every connection
+        self.swallowed: list[bytes] = []  # requests thrown away by blackhole()
+        self.refused = 0  # connections closed at once by refuse()
         self._faults: list[Fault] = []
         self._links: set[_Link] = set()
         self._mutex = threading.Lock()
@@ -163,6 +168,13 @@ class Proxy:
     def blackhole(self) -> None:
         """Requests are read and never forwarded: nothing runs, nothing is answered."""
         self.mode = BLACKHOLE
+
+    def refuse(self) -> None:
+        """The server is down: every connection, open or new, is closed (a client sees its
+        connection reset or closed at once, as when nothing listens or the server went
+        away)."""
+        self.mode = REFUSE
+        self.drop_connections()
 
     def drop_next_reply(self, match: bytes | None = None) -> Fault:
         """Lose the reply to the next request containing ``match`` (any request if None)
@@ -199,6 +211,10 @@ class Proxy:
                 client, _addr = self._listener.accept()
             except OSError:
                 return
+            if self.mode == REFUSE:
+                self.refused += 1
+                client.close()
+                continue
             try:
                 link = _Link(self, client)
             except OSError:
