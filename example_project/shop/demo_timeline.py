@@ -184,9 +184,15 @@ def describe(event: Event) -> str:
     return f"{event.kind} {task} {event.detail}"
 
 
-def render(events: list[Event], t0: float, *, burst: tuple[float, int] | None = None) -> list[str]:
+def render(
+    events: list[Event], t0: float, *, burst: tuple[float, int] | None = None,
+    names: dict[str, str] | None = None,
+) -> list[str]:
     """One line per event, times relative to ``t0``, except that a run of deduplicated
-    dispatches merged into the same holder is one line. ``burst`` = (end, dispatches)."""
+    dispatches merged into the same holder is one line. ``burst`` = (end, dispatches);
+    ``names`` labels task ids (e.g. "dispatch 1"): two 8-character ids alike at a glance
+    are then not taken for one task."""
+    names = names or {}
     lines: list[tuple[float, str]] = []
     pending: list[Event] = []
 
@@ -238,6 +244,9 @@ def render(events: list[Event], t0: float, *, burst: tuple[float, int] | None = 
         if event.kind == FINISHED and event.detail.startswith("IGNORED"):
             continue  # a debounce message that re-published itself: shown by its publish
         text = describe(event)
+        if event.task_id in names:
+            task = short(event.task_id)
+            text = text.replace(task, f"{task} ({names[event.task_id]})", 1)
         if event.kind == PUBLISHED:
             if event.task_id in published:
                 text = (

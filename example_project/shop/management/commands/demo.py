@@ -299,8 +299,12 @@ class Command(BaseCommand):
             (e.at for e in events if e.kind == FINISHED and e.task_id == first.id), default=None
         )
         when = "during processing" if first_done and during_at < first_done else "afterwards"
-        self.print_events(events, t0)
         dispatched = [first, *clicks, during]
+        # The two published dispatches by their number, so that their lines (ids that can
+        # look alike) are told apart at a glance.
+        names = {r.id: f"dispatch {n}" for n, r in enumerate(dispatched, 1)
+                 if not r.deduplicated}
+        self.print_events(events, t0, names=names)
         published = [e for e in events if e.kind == PUBLISHED]
         ran = Order.objects.get(pk=order.pk).confirmations_sent - sent_before
         emails = len(getattr(mail, "outbox", [])) - outbox_before
@@ -365,9 +369,10 @@ class Command(BaseCommand):
     # -- output ---------------------------------------------------------------------------
 
     def print_events(
-        self, events: list[Event], t0: float, burst: tuple[float, int] | None = None
+        self, events: list[Event], t0: float, burst: tuple[float, int] | None = None,
+        names: dict[str, str] | None = None,
     ) -> None:
-        for line in render(events, t0, burst=burst):
+        for line in render(events, t0, burst=burst, names=names):
             self.say(f"   {line}")
 
     def figures(self, text: str) -> None:
