@@ -391,8 +391,6 @@ def undo_lock(
     an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
     store never answers within ``ttl``; an explicit one, which another, published dispatch
     may carry too, only when this request's own lock was found."""
-    request = request or owner
-
     def revoke() -> None:
         if not job.ignore_result:
             job.backend.mark_as_revoked(

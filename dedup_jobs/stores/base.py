@@ -264,11 +264,11 @@ class BaseStore(ABC):
     ) -> Acquired:
         """Take the lock for ``ttl`` seconds if it is free (or, with ``reentrant``, already
         held by ``owner``: then refresh it). Otherwise report the holder. ``request`` names
-        this dispatch (default: ``owner``, a fresh id): a store that keeps it (the Redis
-        family) answers a re-send of the same request "taken", also for an explicit task id,
-        and :meth:`undo` removes only the lock this request took (S7)."""
+        this dispatch: a store that keeps it (the Redis family) answers a re-send of the same
+        request "taken", also for an explicit task id, and :meth:`undo` removes only the lock
+        this request took (S7). Without one, a second call by ``owner`` is a duplicate."""
 
-    def undo(self, key: JobKey, owner: str, request: str) -> bool:
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed
         with StoreUnavailable (its reply lost): its lock, or, for a take-over, the lock given
         back to the queued holder it replaced. True when something was undone. The Redis

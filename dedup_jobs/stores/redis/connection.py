@@ -305,13 +305,16 @@ class RedisConnection:
         return self._pool
 
     def _discard_kept(self, pool: Any) -> None:
-        """S9: disconnect every connection kept between decisions and every idle one of the
-        pool (they reconnect when next used); connections in use by other threads are theirs
-        to lose. No round trip: a restart's closed sockets are not probed one by one."""
+        """S9: disconnect every connection kept between decisions and hand it back to the
+        pool (it reconnects when next used). No round trip: a restart's closed sockets are
+        not probed one by one. The pool's own idle connections need nothing: the pool checks
+        each one as it hands it out (and reconnects one the server closed); connections in
+        use by other threads are left to them (valkey-py's BlockingConnectionPool cannot
+        disconnect only the idle ones)."""
         idle, self._idle = self._idle, []
         for conn in idle:
+            conn.disconnect()
             pool.release(conn)
-        pool.disconnect(False)  # positional: valkey-py's BlockingConnectionPool names it "_"
 
     def _put_back(self, pool: Any, conn: Any) -> None:
         if not self._closed and len(self._idle) < MAX_IDLE and not _must_reconnect(conn):

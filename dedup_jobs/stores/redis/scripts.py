@@ -30,7 +30,8 @@ _trim_index = trim_lua("KEYS[2]", "now")
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
 # ARGV[4] reentrant "1"/"0", ARGV[5] task name, ARGV[6] readable id, ARGV[7] the dispatch's
-# request id (kept in 'req': a re-send of this very request is known by it, S7)
+# request id (kept in 'req': a re-send of this very request is known by it, S7; "": none,
+# a refresh keeps the one there)
 # Returns "1" .. owner when taken (also to a re-send of the request that took it, even with
 # an explicit task id), "0" .. holder when another owner holds it, or the caller's own id
 # under another request (an earlier dispatch of the same explicit id), "L" .. server ms when
@@ -55,6 +56,7 @@ local deadline = tonumber(ARGV[3])
 if deadline > 0 and now > deadline then
   return 'L' .. now
 end
+if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6], 'req', req)
@@ -216,13 +218,14 @@ return 0
 # that UNDO can give it back and START can tell the replaced message, S7), "0" .. holder
 # when held running, or held by the caller's own id under another request (nothing
 # changed), "L" .. server ms when run past the deadline (nothing changed). A re-send of the
-# same request answers as the first did: "R" .. the id it replaced, or "1".
+# same request (without a request id: by the same owner) answers as the first did: "R" .. the
+# id it replaced, or "1".
 TAKE_OVER = """
 local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced', 'req')
 local cur = s[1]
 local req = ARGV[6] or ''
 if cur == ARGV[1] then
-  if req == '' or s[4] ~= req then return '0' .. cur end
+  if req ~= '' and s[4] ~= req then return '0' .. cur end
   if s[3] and s[3] ~= '' then return 'R' .. s[3] end
   return '1'
 end

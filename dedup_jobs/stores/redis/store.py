@@ -107,7 +107,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         for _attempt in range(2):
             answer = _text(self._call(
                 "ACQUIRE", key, owner, _ms(ttl), self.deadline_ms(), "1" if reentrant else "0",
-                key.task_name, key.ident, request or owner,
+                key.task_name, key.ident, request or "",
             ))
             if answer[0] != "L":
                 return Acquired(acquired=answer[0] == "1", holder=answer[1:])
@@ -140,10 +140,10 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         return bool(self._call_with_tombstone(
             "RELEASE", key, owner, new_request_id(), self._tombstone_ms()))
 
-    def undo(self, key: JobKey, owner: str, request: str) -> bool:
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         physical, index = self.place(key)
         return bool(self._eval("UNDO", [physical, index, f"{physical}:undo"],
-                               (owner, request, self._tombstone_ms()), key.task_name))
+                               (owner, request or "", self._tombstone_ms()), key.task_name))
 
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
@@ -198,7 +198,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         for _attempt in range(2):
             answer = _text(self._call(
                 "TAKE_OVER", key, owner, _ms(ttl), self.deadline_ms(), key.task_name,
-                key.ident, request or owner,
+                key.ident, request or "",
             ))
             if answer[0] == "1":
                 return Acquired(acquired=True, holder=owner)

@@ -20,20 +20,21 @@ end
 # same explicit task id keeps its lock. A lock taken over from a queued holder is given back
 # to it (the holder still runs, R1); a plain one is deleted. A lock already running is left.
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] its undo tombstone ("{lock key}:undo")
-# ARGV[1] owner, ARGV[2] request id, ARGV[3] tombstone ttl ms
+# ARGV[1] owner, ARGV[2] request id ("": a lock taken without one, by owner alone),
+# ARGV[3] tombstone ttl ms
 # Returns 1 when the request's lock was undone (also to a re-send, by the tombstone), else 0.
 UNDO = """
 local s = redis.call('HMGET', KEYS[1], 'owner', 'req', 'replaced', 'state')
-if s[1] == ARGV[1] and s[2] == ARGV[2] and s[4] ~= 'running' then
+if s[1] == ARGV[1] and (s[2] or '') == ARGV[2] and s[4] ~= 'running' then
   if s[3] and s[3] ~= '' then
     redis.call('HSET', KEYS[1], 'owner', s[3], 'replaced', '', 'req', '')
   else
     redis.call('DEL', KEYS[1])
     redis.call('ZREM', KEYS[2], KEYS[1])
   end
-  redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+  redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
   return 1
 end
-if redis.call('GET', KEYS[3]) == ARGV[2] then return 1 end
+if redis.call('GET', KEYS[3]) == ARGV[1] .. '|' .. ARGV[2] then return 1 end
 return 0
 """
