@@ -121,7 +121,7 @@ class LockProtocol(RuleBasedStateMachine):
 
     def add(
         self, what: str, call: Callable[[], bool], *, lifetime: float,
-        give_up: Callable[[], None] | None = None,
+        give_up: Callable[[], None] | None = None, group: str = "",
     ) -> None:
         self.undos.append(("", call))
 

@@ -40,6 +40,7 @@ from celery.states import READY_STATES, REVOKED
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.jobs import takeover
 from dedup_jobs.jobs.base import logger, notify
 from dedup_jobs.jobs.chains import revoke_links
 from dedup_jobs.jobs.store_errors import defer_for_store, holds_after
@@ -175,6 +176,18 @@ def check_lock(
         put_off(job, args, kwargs, key, alias, redelivered)
     if started.overlap:
         return defer(job, args, kwargs, key, alias, store, started, header, redelivered)
+    if started.taken_over is not None and not observing:
+        # R1/S7: taken over by a dispatch that may have failed: skip only once confirmed
+        waited = float((header or {}).get(takeover.WAITED) or 0)
+        action, countdown = takeover.decide(job, owner, started.taken_over, waited)
+        if action == takeover.REPLACED:
+            revoke_rest_of_chain(job, f"task {owner} was replaced by a later dispatch")
+            raise Ignore()
+        if action == takeover.WAIT:
+            metrics.decision(job.name, "deferred", key.key)
+            republish(job, args, kwargs, key, alias, countdown,
+                      {REDELIVERED: redelivered, takeover.WAITED: waited + countdown})
+            raise Ignore()
     if not started.run:
         if observing:
             return observe_skip(job, key, str(started.holder))

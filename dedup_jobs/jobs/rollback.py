@@ -8,8 +8,10 @@ take its lock (or start its burst). So after every such failure the dispatch han
 to this module: a compare-and-delete by its own never-published id (or, for a burst, dropping
 the state whose message is that id). One daemon thread per process tries each undo until the
 store answers, at most ``LEASE_SECONDS / 3`` apart, so the entry is gone within
-``LEASE_SECONDS`` of the store's return. The normal path pays nothing: an undo exists only
-after a failure.
+``LEASE_SECONDS`` of the store's return. Undos are grouped by store: each round tries the
+first pending undo of every group, and the next ones of a group whose store answered, so a
+store that stays down (or is gone) costs one failing call per round and holds up no undo of
+another store. The normal path pays nothing: an undo exists only after a failure.
 
 A dispatch that was deduplicated onto the never-published id in the meantime (possible only
 while the lost reply's lock stood) would wait forever on a result nobody writes: an undo that
@@ -18,6 +20,7 @@ really removed an entry marks that id REVOKED, so such a caller's ``.get()`` ret
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -37,16 +40,18 @@ MAX_PENDING = 10_000
 FIRST_WAIT = 0.05
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, eq=False)
 class _Undo:
     what: str  # for the log: "lock dedup_jobs:unique:job:id of task abc"
     call: Callable[[], bool]  # True: it removed something; raises while the store is down
     until: float  # time.monotonic() after which the entry has expired by itself
     give_up: Callable[[], None] | None = None  # what is still owed then (a result to mark)
+    group: str = ""  # the store it calls (its alias): a failure puts off that store's only
 
 
 class Rollbacks:
-    """The undo calls of failed dispatches, tried in order from one daemon thread."""
+    """The undo calls of failed dispatches, tried in order (per store) from one daemon
+    thread."""
 
     def __init__(self) -> None:
         self._pending: deque[_Undo] = deque()
@@ -56,12 +61,13 @@ class Rollbacks:
 
     def add(
         self, what: str, call: Callable[[], bool], *, lifetime: float,
-        give_up: Callable[[], None] | None = None,
+        give_up: Callable[[], None] | None = None, group: str = "",
     ) -> None:
         """Undo ``what`` by ``call()`` as soon as the store answers; give up after
-        ``lifetime`` seconds, when the entry has expired by itself (then ``give_up()``)."""
+        ``lifetime`` seconds, when the entry has expired by itself (then ``give_up()``).
+        ``group``: the store ``call`` talks to (undos of one group wait for each other)."""
         undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime,
-                     give_up=give_up)
+                     give_up=give_up, group=group)
         with self._mutex:
             if len(self._pending) >= MAX_PENDING:
                 dropped = self._pending.popleft()
@@ -84,11 +90,26 @@ class Rollbacks:
             self._wake.wait(wait)
             self._wake.clear()
             with self._mutex:
-                if not self._pending:
-                    wait = None  # idle: sleep until the next add()
-                    continue
-                undo = self._pending[0]
-            wait = wait or FIRST_WAIT
+                batch = list(self._pending)
+            if not batch:
+                wait = None  # idle: sleep until the next add()
+                continue
+            down = self._round(batch)
+            if down:
+                # A store still cannot answer: try again later (one failing call per store
+                # and round, not one per pending undo, while it is down).
+                wait = min((wait or FIRST_WAIT) * 2,
+                           max(FIRST_WAIT, app_settings.LEASE_SECONDS / 3))
+            else:
+                wait = FIRST_WAIT
+
+    def _round(self, batch: list[_Undo]) -> bool:
+        """Try each undo of ``batch`` in order, skipping the rest of a group once one of its
+        calls failed; True when one did."""
+        down: set[str] = set()
+        for undo in batch:
+            if undo.group in down:
+                continue
             if time.monotonic() > undo.until:
                 self._done(undo)
                 if undo.give_up is not None:
@@ -100,22 +121,19 @@ class Rollbacks:
             try:
                 removed = undo.call()
             except Exception:
-                # The store still cannot answer: try again later, the others too (one failing
-                # call per round, not one per pending undo, while the store is down).
                 logger.debug("dedup_jobs: undo of %s failed; trying again", undo.what,
                              exc_info=True)
-                wait = min(wait * 2, max(FIRST_WAIT, app_settings.LEASE_SECONDS / 3))
+                down.add(undo.group)
                 continue
             if removed:
                 logger.warning("dedup_jobs: removed %s, left behind by a store call that "
                                "failed with StoreUnavailable.", undo.what)
             self._done(undo)
-            wait = FIRST_WAIT / 10
+        return bool(down)
 
     def _done(self, undo: _Undo) -> None:
-        with self._mutex:
-            if self._pending and self._pending[0] is undo:
-                self._pending.popleft()
+        with self._mutex, contextlib.suppress(ValueError):  # (forgotten by a fork meanwhile)
+            self._pending.remove(undo)  # by identity (eq=False)
 
     def _after_fork(self) -> None:
         # A forked child (a prefork pool process) starts with none: the parent keeps its own.

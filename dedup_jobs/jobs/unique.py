@@ -35,7 +35,7 @@ from dedup_jobs.signals import (
     lock_released,
     unique_job_skipped,
 )
-from dedup_jobs.stores.base import BaseStore
+from dedup_jobs.stores.base import BaseStore, new_request_id
 
 ON_DUPLICATE_CHOICES = ("return", "raise", "replace")
 
@@ -144,15 +144,19 @@ class UniqueJob(DedupJob):
             self.request.update(dedup_handed_over=True)
             return self._publish(args, kwargs, task_id, key, alias, options)
         replace = self.on_duplicate == "replace"
+        # S7: a re-send of this request answers "taken"; another dispatch of the same explicit
+        # id is a duplicate; an undo touches only what this request did.
+        request = task_id if generated else new_request_id()
         try:
             if replace:
-                answer = store.take_over(key, task_id, ttl, now=now)
+                answer = store.take_over(key, task_id, ttl, now=now, request=request)
             else:
-                answer = store.acquire(key, task_id, ttl, now=now)
+                answer = store.acquire(key, task_id, ttl, now=now, request=request)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
-                # S7: the acquire may have reached the store (a lost reply): undo it.
-                undo_lock(self, store, key, task_id, ttl)
+                # S7: the call may have run on the store (a lost reply): undo it.
+                undo_lock(self, store, key, task_id, ttl, request=request,
+                          generated=generated)
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without a lock "
@@ -167,7 +171,8 @@ class UniqueJob(DedupJob):
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
         # A freshly generated id held already means our own acquire ran twice (the client
-        # re-sent it after a lost reply): the lock is ours, publish.
+        # re-sent it after a lost reply): the lock is ours, publish. (The Redis family
+        # answers such a re-send "taken" itself, by the request id, for any id.)
         if not answer.acquired and not (generated and answer.holder == task_id):
             return self._duplicate(key, alias, answer.holder, task_id, args, kwargs, options)
         if answer.replaced:
@@ -179,7 +184,8 @@ class UniqueJob(DedupJob):
             try:
                 store.release(key, task_id)
             except StoreUnavailable:
-                undo_lock(self, store, key, task_id, ttl)
+                undo_lock(self, store, key, task_id, ttl, request=request,
+                          generated=generated)
             raise
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
         metrics.decision(self.name, "dispatched")
@@ -378,14 +384,17 @@ class UniqueJob(DedupJob):
             return
         self._finish(self.store(alias), key, owner, alias, "failure")
 
-def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float) -> None:
-    """S7: the dispatch of ``owner`` failed with StoreUnavailable, maybe after its acquire ran
-    (a lost reply): remove that lock by compare-and-delete as soon as the store answers, and
-    mark ``owner`` REVOKED (a duplicate may have been deduplicated onto it meanwhile, even if
-    the lock is gone by now — flushed, evicted, expired: its caller's ``.get()`` must return).
-    If the store never answers again within ``ttl``, the lock has expired by itself, and the
-    id is still marked REVOKED."""
-
+def undo_lock(
+    job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
+    request: str | None = None, generated: bool = True,
+) -> None:
+    """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
+    call ran (a lost reply): once the store answers, undo what that very request did
+    (``store.undo``: its lock deleted, or a taken-over lock given back to the holder it
+    replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
+    an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
+    store never answers within ``ttl``; an explicit one, which another, published dispatch
+    may carry too, only when this request's own lock was found."""
     def revoke() -> None:
         if not job.ignore_result:
             job.backend.mark_as_revoked(
@@ -393,12 +402,13 @@ def undo_lock(job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: fl
                               f"unavailable)")
 
     def undo() -> bool:
-        removed = store.release(key, owner)
-        revoke()
+        removed = store.undo(key, owner, request)
+        if removed or generated:
+            revoke()
         return removed
 
     rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl,
-                  give_up=revoke)
+                  give_up=revoke if generated else None, group=store.alias)
 
 
 class UniqueUntilProcessingJob(UniqueJob):

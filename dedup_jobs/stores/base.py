@@ -63,6 +63,9 @@ class Started:
     live: bool = False  # W5: another delivery of the same message is running (its lease lives)
     overlap: bool = False  # R2 (start_exclusive): another run of the key is in progress
     done: bool = False  # W5: a redelivered copy whose own first run just released the lock
+    #: R1/S7: ``holder`` took the lock over from the caller this many seconds ago (None: it
+    #: did not, or the store cannot tell); its dispatch may yet fail (jobs/takeover.py)
+    taken_over: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,10 +259,21 @@ class BaseStore(ABC):
 
     @abstractmethod
     def acquire(
-        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
+        request: str | None = None,
     ) -> Acquired:
         """Take the lock for ``ttl`` seconds if it is free (or, with ``reentrant``, already
-        held by ``owner``: then refresh it). Otherwise report the holder."""
+        held by ``owner``: then refresh it). Otherwise report the holder. ``request`` names
+        this dispatch: a store that keeps it (the Redis family) answers a re-send of the same
+        request "taken", also for an explicit task id, and :meth:`undo` removes only the lock
+        this request took (S7). Without one, a second call by ``owner`` is a duplicate."""
+
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
+        """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed
+        with StoreUnavailable (its reply lost): its lock, or, for a take-over, the lock given
+        back to the queued holder it replaced. True when something was undone. The Redis
+        family matches the request; other stores release ``owner``'s lock."""
+        return self.release(key, owner)
 
     @abstractmethod
     def start(
@@ -292,11 +306,13 @@ class BaseStore(ABC):
 
     # -- flow control (R1, R2) ----------------------------------------------------------
 
-    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+    def take_over(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
+    ) -> Acquired:
         """R1, atomically: free → take it (as :meth:`acquire`); held *queued* by another
         owner → the lock passes to ``owner`` for ``ttl`` seconds and the answer names the
-        replaced owner; held *running* → not acquired, the holder reported. A re-send by the
-        same ``owner`` answers as the first did (S7)."""
+        replaced owner; held *running* → not acquired, the holder reported. A re-send of the
+        same ``request`` answers as the first did (S7)."""
         raise NotImplementedError(f"{self!r} cannot replace a queued lock")
 
     def start_exclusive(

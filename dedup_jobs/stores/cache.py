@@ -197,7 +197,8 @@ class CacheStore(CacheFlowMixin, BaseStore):
 
     @decision
     def acquire(
-        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
+        request: str | None = None,
     ) -> Acquired:
         calls = self.calls
         for _ in range(5):

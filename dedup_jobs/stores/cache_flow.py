@@ -30,7 +30,9 @@ class CacheFlowMixin:
     _mutex: Any
     _value: Any
 
-    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+    def take_over(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
+    ) -> Acquired:
         calls = self.calls
         with calls.decision(), self._mutex(key):
             for _ in range(ATTEMPTS):

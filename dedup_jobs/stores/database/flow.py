@@ -71,7 +71,9 @@ class DatabaseFlowMixin:
     def using(self) -> str:
         raise NotImplementedError
 
-    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+    def take_over(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
+    ) -> Acquired:
         if self._dialect() == "on_conflict":
             return self._guard(self._take_over_upsert, key, owner, ttl)  # type: ignore[no-any-return]
         return self._guard(self._take_over_locked, key, owner, ttl)  # type: ignore[no-any-return]

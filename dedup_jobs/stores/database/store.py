@@ -167,7 +167,8 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
     # -- decisions ----------------------------------------------------------------------
 
     def acquire(
-        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
+        request: str | None = None,
     ) -> Acquired:
         holder, outcome = self._guard(self._take, key, owner, QUEUED, ttl,
                                       overwrite_mine=reentrant, keep_acquired_if_mine=False)

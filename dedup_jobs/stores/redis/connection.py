@@ -8,7 +8,8 @@ valkey-py, see ``adapters.py``), so that neither a cache without a socket timeou
 client's retry policy (which re-sends a command after a
 timeout) can make a decision wait longer. A decision is re-sent at most once, on a connection
 error, within the same time budget: every script is idempotent (S7), so a re-sent one answers
-as the first did and changes nothing more.
+as the first did and changes nothing more. A connection error drops every connection kept
+from before it (S9: a restart closed them all), so the re-send goes out on a fresh one.
 """
 
 from __future__ import annotations
@@ -269,6 +270,10 @@ class RedisConnection:
                 # (a TimeoutError is not a ConnectionError: a late reply is never re-sent)
                 conn.disconnect()
                 pool.release(conn)
+                # S9: a server restart (or failover) closed every connection kept from
+                # before it, not just this one: drop them all together, so that the re-send
+                # and the decisions after it go out on fresh connections.
+                self._discard_kept(pool)
                 if resent or time.monotonic() >= give_up:
                     raise
                 resent = True  # idempotent scripts (S7): the re-send answers as the first
@@ -298,6 +303,18 @@ class RedisConnection:
             _kept_by.add(self)
             self._ready = True
         return self._pool
+
+    def _discard_kept(self, pool: Any) -> None:
+        """S9: disconnect every connection kept between decisions and hand it back to the
+        pool (it reconnects when next used). No round trip: a restart's closed sockets are
+        not probed one by one. The pool's own idle connections need nothing: the pool checks
+        each one as it hands it out (and reconnects one the server closed); connections in
+        use by other threads are left to them (valkey-py's BlockingConnectionPool cannot
+        disconnect only the idle ones)."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
+            pool.release(conn)
 
     def _put_back(self, pool: Any, conn: Any) -> None:
         if not self._closed and len(self._idle) < MAX_IDLE and not _must_reconnect(conn):

@@ -21,6 +21,7 @@ lock (or state) key, that key plus a suffix, or an index shard, and the cluster 
 import hashlib
 
 from dedup_jobs.stores.redis.trim import trim_lua
+from dedup_jobs.stores.redis.undo_scripts import _taken_from_caller
 
 #: Lua: drop up to INDEX_TRIM entries of expired locks from the index KEYS[2] (``now``: ms)
 _trim_index = trim_lua("KEYS[2]", "now")
@@ -28,10 +29,13 @@ _trim_index = trim_lua("KEYS[2]", "now")
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
-# ARGV[4] reentrant "1"/"0", ARGV[5] task name, ARGV[6] readable id
-# Returns "1" .. owner when taken, "0" .. holder when another owner holds it (the caller's
-# own fresh id there means a re-send of its own acquire: taken), "L" .. server ms when run
-# past the deadline (nothing changed): one bulk string, the cheapest reply to read. The
+# ARGV[4] reentrant "1"/"0", ARGV[5] task name, ARGV[6] readable id, ARGV[7] the dispatch's
+# request id (kept in 'req': a re-send of this very request is known by it, S7; "": none,
+# a refresh keeps the one there)
+# Returns "1" .. owner when taken (also to a re-send of the request that took it, even with
+# an explicit task id), "0" .. holder when another owner holds it, or the caller's own id
+# under another request (an earlier dispatch of the same explicit id), "L" .. server ms when
+# run past the deadline (nothing changed): one bulk string, the cheapest reply to read. The
 # server clock is read only once the lock is known to be free: a duplicate costs one HGET.
 # Index entries of expired locks are trimmed here
 # about one time in 16 (by the microseconds of TIME) and on every RELEASE: off the dispatch
@@ -39,7 +43,11 @@ _trim_index = trim_lua("KEYS[2]", "now")
 # time, so a backlog of expired entries never stalls one call (benchmarks/growth.py).
 ACQUIRE = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
+local req = ARGV[7] or ''
 if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
+  if cur == ARGV[1] and req ~= '' and redis.call('HGET', KEYS[1], 'req') == req then
+    return '1' .. cur
+  end
   return '0' .. cur
 end
 local t = redis.call('TIME')
@@ -48,9 +56,10 @@ local deadline = tonumber(ARGV[3])
 if deadline > 0 and now > deadline then
   return 'L' .. now
 end
+if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
-           'expires', expires, 'task', ARGV[5], 'id', ARGV[6])
+           'expires', expires, 'task', ARGV[5], 'id', ARGV[6], 'req', req)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 if tonumber(t[2]) % 16 == 0 then
 """ + _trim_index + """
@@ -63,7 +72,9 @@ return '1' .. ARGV[1]
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] release "1"/"0",
 # ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms, ARGV[8] redelivered "1"/"0"
-# Returns {0, holder} when another owner holds it (skip); {2, 'live'} when the lock is the
+# Returns {0, holder} when another owner holds it (skip), {4, holder, ms since} when that
+# owner took it over from the caller (R1) that many ms ago (_taken_from_caller); {2, 'live'}
+# when the lock is the
 # caller's and running under another delivery of the same message (W5: the first delivery
 # lives, its lease keeps the lock); {3, 'done'} when the caller is a redelivered copy, the key
 # is free and RELEASE's tombstone says the caller's own run just ended (W5: the copy is
@@ -86,11 +97,15 @@ if ARGV[4] == '1' then
     redis.call('SET', KEYS[3], ARGV[3] .. '|released', 'PX', ARGV[7])
     return {1, 'released'}
   end
-  if cur then return {0, cur} end
+  if cur then
+""" + _taken_from_caller + """
+    return {0, cur}
+  end
   redis.call('SET', KEYS[3], ARGV[3] .. '|free', 'PX', ARGV[7])
   return {1, 'free'}
 end
 if cur and cur ~= ARGV[1] then
+""" + _taken_from_caller + """
   return {0, cur}
 end
 if not cur and ARGV[8] == '1' then
@@ -197,16 +212,20 @@ return 0
 # TAKE_OVER — R1 (on_duplicate = "replace"): take a free lock, or take a queued one over.
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
-# ARGV[4] task name, ARGV[5] readable id
+# ARGV[4] task name, ARGV[5] readable id, ARGV[6] the dispatch's request id (kept in 'req')
 # Returns "1" when taken (it was free), "R" .. replaced owner when it was held queued by
-# another owner (the lock is the caller's now; the replaced id is kept in 'replaced'),
-# "0" .. holder when held running (nothing changed), "L" .. server ms when run past the
-# deadline (nothing changed). A re-send (the lock already the caller's) answers as the first
-# did: "R" .. the id it replaced, or "1".
+# another owner (the lock is the caller's now; the replaced id is kept in 'replaced', so
+# that UNDO can give it back and START can tell the replaced message, S7), "0" .. holder
+# when held running, or held by the caller's own id under another request (nothing
+# changed), "L" .. server ms when run past the deadline (nothing changed). A re-send of the
+# same request (without a request id: by the same owner) answers as the first did: "R" .. the
+# id it replaced, or "1".
 TAKE_OVER = """
-local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced')
+local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced', 'req')
 local cur = s[1]
+local req = ARGV[6] or ''
 if cur == ARGV[1] then
+  if req ~= '' and s[4] ~= req then return '0' .. cur end
   if s[3] and s[3] ~= '' then return 'R' .. s[3] end
   return '1'
 end
@@ -221,7 +240,8 @@ if deadline > 0 and now > deadline then
 end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
-           'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'replaced', cur or '')
+           'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'replaced', cur or '',
+           'req', req)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
 if cur then return 'R' .. cur end
@@ -232,7 +252,8 @@ return '1'
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] running marker ("{lock key}:run")
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] task name,
 # ARGV[5] readable id
-# Returns {0, holder} when another owner holds the lock (skip); {3, running owner} when
+# Returns {0, holder} when another owner holds the lock (skip), {4, holder, ms since} when
+# it took the lock over from the caller (as START); {3, running owner} when
 # another run of the key is in progress (the caller waits; its lock is left as it is);
 # {2, 'live'} when the marker is the caller's under another delivery (W5); otherwise
 # deletes the caller's lock, takes the marker (a hash like a lock, state running, indexed,
@@ -242,7 +263,10 @@ START_EXCLUSIVE = """
 local m = redis.call('HMGET', KEYS[3], 'owner', 'run', 'ans')
 if m[1] == ARGV[1] and m[2] == ARGV[3] then return {1, m[3]} end
 local cur = redis.call('HGET', KEYS[1], 'owner')
-if cur and cur ~= ARGV[1] then return {0, cur} end
+if cur and cur ~= ARGV[1] then
+""" + _taken_from_caller + """
+  return {0, cur}
+end
 if m[1] then
   if m[1] == ARGV[1] then return {2, 'live'} end
   return {3, m[1]}
@@ -380,12 +404,14 @@ return trimmed
 """
 
 # THROTTLE_ADMIT, THROTTLE_RELEASE, THROTTLE_RENEW — throttling (T2-T4), in a module of
-# their own (their keys, arguments and answers are stated there).
+# their own (their keys, arguments and answers are stated there); UNDO — the undo of a failed
+# dispatch (S7), beside the fragment _taken_from_caller of START and START_EXCLUSIVE.
 from dedup_jobs.stores.redis.throttle_scripts import (  # noqa: E402, F401
     THROTTLE_ADMIT,
     THROTTLE_RELEASE,
     THROTTLE_RENEW,
 )
+from dedup_jobs.stores.redis.undo_scripts import UNDO  # noqa: E402, F401
 
 #: SHA1 of every script above, for EVALSHA (computed once, at import)
 SHA = {

@@ -101,12 +101,13 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     # -- decisions ----------------------------------------------------------------------
 
     def acquire(
-        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False
+        self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
+        request: str | None = None,
     ) -> Acquired:
         for _attempt in range(2):
             answer = _text(self._call(
                 "ACQUIRE", key, owner, _ms(ttl), self.deadline_ms(), "1" if reentrant else "0",
-                key.task_name, key.ident,
+                key.task_name, key.ident, request or "",
             ))
             if answer[0] != "L":
                 return Acquired(acquired=answer[0] == "1", holder=answer[1:])
@@ -118,15 +119,18 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
-        ok, what = self._call_with_tombstone(
+        answer = self._call_with_tombstone(
             "START", key, owner, _ms(lease), delivery or new_request_id(),
             "1" if release else "0", key.task_name, key.ident, self._tombstone_ms(),
             "1" if redelivered else "0",
         )
+        ok, what = answer[0], answer[1]
         if ok == 2:
             return Started(run=False, holder=owner, live=True)
         if ok == 3:
             return Started(run=False, holder=owner, done=True)
+        if ok == 4:
+            return Started(run=False, holder=_text(what), taken_over=int(answer[2]) / 1000)
         if not ok:
             return Started(run=False, holder=_text(what))
         what = _text(what)
@@ -135,6 +139,11 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     def release(self, key: JobKey, owner: str) -> bool:
         return bool(self._call_with_tombstone(
             "RELEASE", key, owner, new_request_id(), self._tombstone_ms()))
+
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
+        physical, index = self.place(key)
+        return bool(self._eval("UNDO", [physical, index, f"{physical}:undo"],
+                               (owner, request or "", self._tombstone_ms()), key.task_name))
 
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
@@ -183,11 +192,13 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
 
     # -- flow control (R1, R2) ----------------------------------------------------------
 
-    def take_over(self, key: JobKey, owner: str, ttl: float, *, now: float) -> Acquired:
+    def take_over(
+        self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
+    ) -> Acquired:
         for _attempt in range(2):
             answer = _text(self._call(
                 "TAKE_OVER", key, owner, _ms(ttl), self.deadline_ms(), key.task_name,
-                key.ident,
+                key.ident, request or "",
             ))
             if answer[0] == "1":
                 return Acquired(acquired=True, holder=owner)
@@ -203,12 +214,14 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         delivery: str | None = None,
     ) -> Started:
         physical, index = self.place(key)
-        ok, what = self._eval(
+        answer = self._eval(
             "START_EXCLUSIVE", [physical, index, self.place(running)[0]],
             (owner, _ms(lease), delivery or new_request_id(), key.task_name, key.ident),
             key.task_name,
         )
-        what = _text(what)
+        ok, what = answer[0], _text(answer[1])
+        if ok == 4:
+            return Started(run=False, holder=what, taken_over=int(answer[2]) / 1000)
         if ok == 3:
             return Started(run=False, holder=what, overlap=True)
         if ok == 2:

@@ -1,0 +1,40 @@
+"""The Lua of S7's dispatch-side fates (a dispatch whose reply was lost or late): the undo of
+a failed dispatch, and the fragment of the worker's start checks that tells a message whose
+lock a take-over holds. Imported by ``scripts.py``, which computes every script's SHA1."""
+
+# Inside START and START_EXCLUSIVE, where the lock KEYS[1] is held by ``cur``, another owner
+# than the caller ARGV[1]: if ``cur`` took it over from the caller (R1), answer {4, cur, ms
+# since the take-over}. The dispatch that took it over may have failed (its reply lost, S7):
+# until it has marked the caller REVOKED or its UNDO has given the lock back, the caller is
+# not skipped but waits (jobs/takeover.py). Read only on the skip path.
+_taken_from_caller = """
+local r = redis.call('HMGET', KEYS[1], 'replaced', 'acquired')
+if r[1] == ARGV[1] then
+  local t = redis.call('TIME')
+  return {4, cur, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(r[2])}
+end
+"""
+
+# UNDO — S7: the undo of a dispatch that failed with StoreUnavailable (jobs/rollback.py):
+# only the lock that very request took (owner and request id), so an earlier dispatch of the
+# same explicit task id keeps its lock. A lock taken over from a queued holder is given back
+# to it (the holder still runs, R1); a plain one is deleted. A lock already running is left.
+# KEYS[1] lock key, KEYS[2] index key, KEYS[3] its undo tombstone ("{lock key}:undo")
+# ARGV[1] owner, ARGV[2] request id ("": a lock taken without one, by owner alone),
+# ARGV[3] tombstone ttl ms
+# Returns 1 when the request's lock was undone (also to a re-send, by the tombstone), else 0.
+UNDO = """
+local s = redis.call('HMGET', KEYS[1], 'owner', 'req', 'replaced', 'state')
+if s[1] == ARGV[1] and (s[2] or '') == ARGV[2] and s[4] ~= 'running' then
+  if s[3] and s[3] ~= '' then
+    redis.call('HSET', KEYS[1], 'owner', s[3], 'replaced', '', 'req', '')
+  else
+    redis.call('DEL', KEYS[1])
+    redis.call('ZREM', KEYS[2], KEYS[1])
+  end
+  redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if redis.call('GET', KEYS[3]) == ARGV[1] .. '|' .. ARGV[2] then return 1 end
+return 0
+"""
