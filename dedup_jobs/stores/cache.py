@@ -34,6 +34,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    ADOPTED,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -50,6 +51,7 @@ from dedup_jobs.stores.base import (
     Renewed,
     Started,
     decode_call,
+    stale_grace,
 )
 from dedup_jobs.stores.cache_flow import CacheFlowMixin
 
@@ -324,12 +326,17 @@ class CacheStore(CacheFlowMixin, BaseStore):
         with self._mutex(key):
             state = self.calls.get(key.key)
             superseded = None
-            if state is None or state["expires"] <= now:
+            writes: dict[str, Any] = {}
+            if state is None or state["expires"] <= now or _due(state) + stale_grace() < now:
+                # D9: a stale burst's ids are adopted by the new one, whose run answers them
+                adopted = [] if state is None or state["expires"] <= now else self._ids(key, state)
+                writes = {self._ids_key(key, task_id, n): old
+                          for n, old in enumerate(adopted, start=1)}
                 state = {
                     "message": task_id, "latest": task_id, "payload": payload, "first": now,
                     "last": now, "run_at": now + debounce_for, "count": 1,
                     "deadline": None if max_wait is None else now + max_wait,
-                    "task": key.task_name, "id": key.ident,
+                    "task": key.task_name, "id": key.ident, "base": len(adopted),
                 }
             else:
                 superseded = state["latest"]
@@ -337,9 +344,9 @@ class CacheStore(CacheFlowMixin, BaseStore):
                          "run_at": now + debounce_for, "count": state["count"] + 1}
             timeout = _due(state) - now + ttl
             state["expires"] = now + timeout
+            n = state.get("base", 0) + state["count"]
             self.calls.set_many({
-                key.key: state,
-                self._ids_key(key, state["message"], state["count"]): task_id,
+                **writes, key.key: state, self._ids_key(key, state["message"], n): task_id,
             }, timeout)
         return Debounced(new=superseded is None, message_id=state["message"],
                          superseded=superseded)
@@ -351,16 +358,26 @@ class CacheStore(CacheFlowMixin, BaseStore):
             if state is None:
                 return Due(action=MISSING)
             if state["message"] != message_id:
-                return Due(action=OTHER)
+                adopted = message_id in self._ids(key, state)
+                return Due(action=ADOPTED if adopted else OTHER)
             due = _due(state)
             if due - now > DUE_TOLERANCE:
                 return Due(action=WAIT, wait_until=due)
-            names = [self._ids_key(key, message_id, n) for n in range(1, state["count"] + 1)]
-            found = self.calls.get_many(names)
-            self.calls.delete_many([key.key, *names])
+            absorbed = self._ids(key, state)
+            self.calls.delete_many([key.key, *self._id_names(key, state)])
         args, kwargs = decode_call(state["payload"])
         return Due(action=CLAIMED, latest_id=state["latest"], args=args, kwargs=kwargs,
-                   absorbed=tuple(found[name] for name in names if name in found))
+                   absorbed=tuple(absorbed))
+
+    def _id_names(self, key: JobKey, state: dict[str, Any]) -> list[str]:
+        last = state.get("base", 0) + state["count"]
+        return [self._ids_key(key, state["message"], n) for n in range(1, last + 1)]
+
+    def _ids(self, key: JobKey, state: dict[str, Any]) -> list[str]:
+        """Every dispatch id of the burst ``state``, in order (adopted ones first)."""
+        names = self._id_names(key, state)
+        found = self.calls.get_many(names)
+        return [found[name] for name in names if name in found]
 
     @decision
     def get_debounce(self, key: JobKey) -> DebounceState | None:

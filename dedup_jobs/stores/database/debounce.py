@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    ADOPTED,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -27,6 +28,7 @@ from dedup_jobs.stores.base import (
     DebounceState,
     Due,
     decode_call,
+    stale_grace,
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import PendingDebounce
@@ -63,6 +65,7 @@ class DatabaseDebounceMixin:
         deadline = None if max_wait is None else now + max_wait
         to_dt = clock.db_datetime  # aware (UTC) with USE_TZ, naive local without
         fresh = {
+            "stale_before": to_dt(now - stale_grace()),  # D9: due before this: stale
             "task_name": key.task_name,
             "ident": key.ident,
             "message_id": task_id,
@@ -93,7 +96,8 @@ class DatabaseDebounceMixin:
         now, no_params = server_now(connection)
         until, until_params = server_later(connection, life)
         assert not no_params, connection.vendor  # the one-statement vendors need none
-        statement = sql.DEBOUNCE_UPSERT[sql.template(form)].format(
+        template = sql.DEBOUNCE_UPSERT[sql.template(form)]
+        statement = template.format(
             columns=sql.DEBOUNCE_COLUMNS.format(**names),
             values=sql.DEBOUNCE_VALUES.format(until=until),
             stale=sql.STALE.format(t=names["t"], now=now),
@@ -114,6 +118,7 @@ class DatabaseDebounceMixin:
             dt(v["runs_at"]),
             *until_params,
             v["absorbed"],
+            *[dt(v["stale_before"])] * template.count("{stale}"),
         ]
         ((message, superseded),) = sql.decide(connection, form, statement, params, names=names,
                                               key=key.key, result=sql.DEBOUNCE_RESULT)
@@ -134,7 +139,7 @@ class DatabaseDebounceMixin:
                 claimed = cursor.fetchall()
             if claimed:
                 return _claimed(*claimed[0])
-            row = rows.filter(key=key.key).only("message_id", "runs_at").first()
+            row = rows.filter(key=key.key).only("message_id", "runs_at", "absorbed").first()
         else:
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().filter(key=key.key).first()
@@ -148,7 +153,8 @@ class DatabaseDebounceMixin:
         if row is None:
             return Due(action=MISSING)
         if row.message_id != message_id:
-            return Due(action=OTHER)
+            adopted = message_id in row.absorbed.split(",")
+            return Due(action=ADOPTED if adopted else OTHER)
         return Due(action=WAIT, wait_until=row.runs_at.timestamp())
 
     def _state(self, row: PendingDebounce) -> DebounceState:

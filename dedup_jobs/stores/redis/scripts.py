@@ -277,7 +277,11 @@ return {1, ans}
 # KEYS[5] claim record's seen hash
 # ARGV[1] task id, ARGV[2] payload (latest args), ARGV[3] now ms, ARGV[4] debounce_for ms,
 # ARGV[5] max_wait ms or "" (none), ARGV[6] ttl ms (how long the state outlives its due time),
-# ARGV[7] task name, ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none)
+# ARGV[7] task name, ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none),
+# ARGV[10] grace ms: a burst whose due time passed more than this long ago without a claim is
+# stale (its message is taken as lost): the dispatch starts a new burst that adopts the stale
+# one's ids (its run records its outcome under them; "base" counts them), so a burst never
+# absorbs dispatches past its due time plus the grace.
 # Returns {1, task id, ""} when it started a burst (the caller publishes its message),
 # {0, message id, superseded id} when it was absorbed, {2, server ms, ""} when run past the
 # deadline (nothing changed). Index entries of bursts gone for ``ttl`` are trimmed on each
@@ -304,22 +308,34 @@ local ttl = tonumber(ARGV[6])
 local prev = false
 local deadline_at
 local count = 1
+local base = 0
 if msg then
-  local cur = redis.call('HMGET', KEYS[1], 'latest', 'deadline')
-  prev = cur[1]
+  local cur = redis.call('HMGET', KEYS[1], 'latest', 'deadline', 'run_at', 'base')
   deadline_at = tonumber(cur[2])
+  local was_due = tonumber(cur[3])
+  if deadline_at and deadline_at < was_due then was_due = deadline_at end
+  if was_due + tonumber(ARGV[10]) < now then
+    msg = false
+    base = redis.call('HLEN', KEYS[2])
+  else
+    prev = cur[1]
+    base = tonumber(cur[4]) or 0
+  end
+end
+if msg then
   redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'payload', ARGV[2], 'last', now,
              'run_at', run_at)
   count = redis.call('HINCRBY', KEYS[1], 'count', 1)
 else
   msg = ARGV[1]
-  redis.call('DEL', KEYS[2])
+  deadline_at = nil
+  if base == 0 then redis.call('DEL', KEYS[2]) end
   if ARGV[5] ~= '' then deadline_at = now + tonumber(ARGV[5]) end
   redis.call('HSET', KEYS[1], 'message', msg, 'latest', msg, 'payload', ARGV[2],
              'first', now, 'last', now, 'run_at', run_at, 'deadline', deadline_at or '',
-             'count', 1, 'task', ARGV[7], 'id', ARGV[8])
+             'count', 1, 'task', ARGV[7], 'id', ARGV[8], 'base', base)
 end
-redis.call('HSET', KEYS[2], ARGV[1], count .. '|' .. (prev or ''))
+redis.call('HSET', KEYS[2], ARGV[1], (base + count) .. '|' .. (prev or ''))
 local due = run_at
 if deadline_at and deadline_at < due then due = deadline_at end
 redis.call('PEXPIRE', KEYS[1], due - now + ttl)
@@ -335,7 +351,8 @@ return {1, msg, ''}
 # KEYS[5] claim record's seen hash
 # ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due),
 # ARGV[4] ms the claim record is kept
-# Returns {"missing"}, {"other", message id}, {"wait", due ms}, or
+# Returns {"missing"}, {"other", message id}, {"adopted"} (the message of a stale burst whose
+# ids a newer burst adopted: that burst's run answers for it), {"wait", due ms}, or
 # {"claimed", latest id, payload, {id, "n|superseded", ...}} after moving the state into the
 # claim record (a later dispatch starts a new burst); a re-sent CLAIM of the same message
 # gets the same answer from the record.
@@ -345,6 +362,10 @@ if s[1] ~= ARGV[1] then
   local c = redis.call('HMGET', KEYS[4], 'message', 'latest', 'payload')
   if c[1] == ARGV[1] then
     return {'claimed', c[2], c[3], redis.call('HGETALL', KEYS[5])}
+  end
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 or
+     redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
+    return {'adopted'}
   end
   if not s[1] then return {'missing'} end
   return {'other', s[1]}
