@@ -80,6 +80,24 @@ def test_without_max_wait_each_dispatch_is_a_new_due_time(store_name: str) -> No
     assert dispatch(store, "c", 3, T0 + 2 * GRACE + 5, max_wait=None).new is True
 
 
+def test_withdraw_a_failed_dispatch(store_name: str) -> None:
+    """S7, the undo of a dispatch whose reply was lost after it was absorbed: the burst
+    forgets it and, as it was the latest, runs with the arguments of the dispatch before
+    it. The burst's own message and unknown ids are not withdrawn; a re-sent undo changes
+    nothing more."""
+    store = store_of(store_name)
+    dispatch(store, "a", 1, T0)
+    dispatch(store, "b", 2, T0 + 0.5)
+    dispatch(store, "c", 3, T0 + 1)
+    assert store.withdraw(KEY, "c") is True
+    assert store.withdraw(KEY, "c") is False
+    assert store.withdraw(KEY, "a") is False
+    assert store.withdraw(KEY, "nobody") is False
+    claimed = store.claim_due(KEY, "a", now=T0 + 10)
+    assert claimed.action == CLAIMED
+    assert (claimed.latest_id, claimed.args, claimed.absorbed) == ("b", (2,), ("a", "b"))
+
+
 @pytest.mark.parametrize("database", [
     pytest.param("postgres", marks=pytest.mark.postgres),
     pytest.param("mariadb", marks=pytest.mark.mariadb),

@@ -66,11 +66,13 @@ def undo(task: DebouncedJob, store: BaseStore, key: JobKey, task_id: str,
     started a burst with ``task_id`` as its never-published message. Take that burst back;
     the dispatches absorbed into it meanwhile still run: ``publish(winner, due, others)``
     sends the latest of them as a claimed message (a later dispatch starts a new burst), so
-    the failed dispatch is neither the message nor the source of the arguments. True when
-    a burst was taken back."""
+    the failed dispatch is neither the message nor the source of the arguments. Absorbed
+    into another dispatch's burst instead, it is withdrawn from it. True when something
+    was undone."""
     due = take(store, key, task_id)
     if due is None:
-        return False
+        # absorbed into another dispatch's burst: it goes, with its arguments
+        return store.withdraw(key, task_id)
     others = [i for i in due.absorbed if i != task_id]
     if others and due.latest_id and due.latest_id != task_id:
         winner = due.latest_id

@@ -409,6 +409,13 @@ class BaseStore(ABC):
         WAIT. No state: MISSING. Another message's burst: OTHER, or ADOPTED when that
         burst adopted this message's stale one (D9)."""
 
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        """S7, the undo of a dispatch that raised StoreUnavailable after its debounce ran (a
+        lost reply) and absorbed it: the pending burst forgets ``task_id``; if it was the
+        latest, the arguments of the dispatch before it are the burst's again. False when
+        the burst holds no such absorbed dispatch (gone, claimed, or its own message)."""
+        raise NotImplementedError(f"{self!r} cannot withdraw a dispatch")
+
     @abstractmethod
     def get_debounce(self, key: JobKey) -> DebounceState | None:
         """The pending burst at ``key``, or None."""

@@ -12,10 +12,12 @@ import threading
 from typing import Any
 
 import pytest
+from celery import shared_task
 from celery.utils import uuid
 
+from dedup_jobs import DebouncedJob
 from dedup_jobs.exceptions import StoreUnavailable
-from tests.faults.jobs import DEBOUNCE_FOR, bodies, fault_debounced
+from tests.faults.jobs import DEBOUNCE_FOR, _body, bodies, fault_debounced
 from tests.faults.proxy import Proxy
 from tests.faults.store import burst_of, faulty_store, until
 from tests.guard_support import token
@@ -27,9 +29,19 @@ pytestmark = [pytest.mark.redis, pytest.mark.worker]
 HELD = 3.0
 
 
-def _failing_dispatch(proxy: Proxy, t: str, value: int) -> tuple[threading.Thread, list[Any]]:
-    """Dispatch ``fault_debounced(t, value)`` in a thread, both of its replies held back:
-    it runs at the server (twice: the try and the re-send) and raises StoreUnavailable."""
+@shared_task(bind=True, base=DebouncedJob, debounce_for=2.5, debounce_on=("token",),
+             name="tests.faults.debounced_long")
+def long_debounced(self: DebouncedJob, token: str, value: int = 0) -> int:
+    """A DebouncedJob whose burst is due later than a failed dispatch's undo lands (its
+    debounce_for is above STORE_TIMEOUT)."""
+    _body(self, token, 0.0, "", value)
+    return value
+
+
+def _failing_dispatch(proxy: Proxy, t: str, value: int, job: Any = fault_debounced,
+                      ) -> tuple[threading.Thread, list[Any]]:
+    """Dispatch ``job(t, value)`` in a thread, both of its replies held back: it runs at
+    the server (twice: the try and the re-send) and raises StoreUnavailable."""
     task_id = uuid()
     for _ in range(2):
         proxy.delay_next_reply(HELD, match=task_id.encode())
@@ -37,7 +49,7 @@ def _failing_dispatch(proxy: Proxy, t: str, value: int) -> tuple[threading.Threa
 
     def dispatch() -> None:
         try:
-            outcome.append(fault_debounced.apply_async((t, value), task_id=task_id))
+            outcome.append(job.apply_async((t, value), task_id=task_id))
         except StoreUnavailable as exc:
             outcome.append(exc)
 
@@ -68,16 +80,17 @@ def test_lost_reply_of_a_bursts_first_dispatch(app: Any, store_proxy: Proxy) -> 
 
 def test_lost_reply_of_an_absorbed_dispatch(app: Any, store_proxy: Proxy) -> None:
     """S7, case 7's mirror: a dispatch absorbed into a live burst raised StoreUnavailable
-    (its lost reply made it the burst's latest): the burst runs with the arguments of the
-    dispatch before it, never with the failed one's."""
+    (its lost reply made it the burst's latest): the undo withdraws it, and the burst runs
+    with the arguments of the dispatch before it, never with the failed one's. (The undo
+    lands once the dispatch gave up, STORE_TIMEOUT after it: here before the burst is due.)"""
     with faulty_store(store_proxy.url()), thread_worker(app):
         assert fault_debounced.delay(token(), 0).get(timeout=10) == 0  # scripts loaded
         t = token()
-        first = fault_debounced.delay(t, 1)
-        thread, outcome = _failing_dispatch(store_proxy, t, 2)
+        first = long_debounced.delay(t, 1)
+        thread, outcome = _failing_dispatch(store_proxy, t, 2, long_debounced)
         thread.join(10)
         assert outcome and isinstance(outcome[0], StoreUnavailable), outcome
-        ready = until(first.ready, DEBOUNCE_FOR + 8)[0]
+        ready = until(first.ready, 2.5 + 8)[0]
         ran = [b["value"] for b in bodies(t)]
     assert ready and ran == [1] and first.result == 1, (
         f"bodies ran with {ran}; first {first.state} {first.result}")

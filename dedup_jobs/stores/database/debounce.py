@@ -157,6 +157,24 @@ class DatabaseDebounceMixin:
             return Due(action=ADOPTED if adopted else OTHER)
         return Due(action=WAIT, wait_until=row.runs_at.timestamp())
 
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        return self._guard(self._withdraw, key, task_id)  # type: ignore[no-any-return]
+
+    def _withdraw(self, key: JobKey, task_id: str) -> bool:
+        """S7: an undo, off the dispatch path: the row, locked, then its update."""
+        rows = PendingDebounce.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            row = rows.select_for_update().filter(key=key.key).first()
+            ids = [] if row is None else row.absorbed.split(",")
+            if row is None or row.message_id == task_id or task_id not in ids:
+                return False
+            changes: dict[str, Any] = {"absorbed": ",".join(i for i in ids if i != task_id)}
+            if row.latest_id == task_id and row.superseded_id:
+                changes.update(latest_id=row.superseded_id, payload=row.previous_payload,
+                               previous_payload="")
+            rows.filter(pk=row.pk).update(**changes)
+            return True
+
     def _state(self, row: PendingDebounce) -> DebounceState:
         args, kwargs = decode_call(row.payload)
         return DebounceState(

@@ -118,12 +118,14 @@ class RowLockingMixin:
                             or row.runs_at < stale_before):
                         # expired, or stale (D9): start over, adopting the burst's ids
                         absorbed = f"{row.absorbed},{fresh['absorbed']}"
-                        rows.filter(pk=row.pk).update(**{**fresh, "absorbed": absorbed})
+                        rows.filter(pk=row.pk).update(**{**fresh, "absorbed": absorbed,
+                                                          "previous_payload": ""})
                         return fresh["message_id"], ""
                     run_at = fresh["run_at"]
                     rows.filter(pk=row.pk).update(
                         superseded_id=row.latest_id,
                         latest_id=fresh["latest_id"],
+                        previous_payload=row.payload,
                         payload=fresh["payload"],
                         count=row.count + 1,
                         last_dispatch_at=fresh["last_dispatch_at"],

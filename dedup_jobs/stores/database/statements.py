@@ -129,9 +129,10 @@ ON DUPLICATE KEY UPDATE
 
 DEBOUNCE_COLUMNS = (
     "({k}, task_name, ident, message_id, latest_id, superseded_id, payload, count,"
-    " first_dispatch_at, last_dispatch_at, run_at, deadline, runs_at, expires_at, absorbed)"
+    " first_dispatch_at, last_dispatch_at, run_at, deadline, runs_at, expires_at, absorbed,"
+    " previous_payload)"
 )
-DEBOUNCE_VALUES = "VALUES (%s, %s, %s, %s, %s, '', %s, 1, %s, %s, %s, %s, %s, {until}, %s)"
+DEBOUNCE_VALUES = "VALUES (%s, %s, %s, %s, %s, '', %s, 1, %s, %s, %s, %s, %s, {until}, %s, '')"
 
 # One dispatch. A row that expired (by the server's clock), or whose burst was due more than
 # the grace before the dispatch (D9, by the dispatcher's clock: the one parameter of {stale}),
@@ -146,6 +147,7 @@ ON CONFLICT ({k}) DO UPDATE SET
   message_id = CASE WHEN {stale} THEN EXCLUDED.message_id ELSE {t}.message_id END,
   superseded_id = CASE WHEN {stale} THEN '' ELSE {t}.latest_id END,
   latest_id = EXCLUDED.latest_id,
+  previous_payload = CASE WHEN {stale} THEN '' ELSE {t}.payload END,
   payload = EXCLUDED.payload,
   count = CASE WHEN {stale} THEN 1 ELSE {t}.count + 1 END,
   task_name = EXCLUDED.task_name,
@@ -162,8 +164,8 @@ ON CONFLICT ({k}) DO UPDATE SET
   absorbed = {t}.absorbed || ',' || EXCLUDED.absorbed
 """,
     # Each assignment sees the ones before it: superseded_id before latest_id, deadline
-    # before runs_at (unchanged unless {stale}), runs_at and expires_at ({stale}) last of
-    # those that test {stale}.
+    # before runs_at (unchanged unless {stale}), runs_at and expires_at ({stale}) after every
+    # test of {stale}; past runs_at, "count = 1" is the test (a burst that started over).
     "duplicate_key": """
 INSERT INTO {t} {columns} {values}
 ON DUPLICATE KEY UPDATE
@@ -178,6 +180,7 @@ ON DUPLICATE KEY UPDATE
                  THEN {t}.deadline ELSE VALUES(run_at) END,
   absorbed = CONCAT({t}.absorbed, ',', VALUES(absorbed)),
   latest_id = VALUES(latest_id),
+  previous_payload = CASE WHEN {t}.count = 1 THEN '' ELSE {t}.payload END,
   payload = VALUES(payload),
   task_name = VALUES(task_name),
   ident = VALUES(ident),

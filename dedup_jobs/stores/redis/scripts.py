@@ -264,12 +264,13 @@ redis.call('ZADD', KEYS[2], expires, KEYS[3])
 return {1, ans}
 """
 
-# A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
-# task, id) beside a hash of every dispatch id of the burst ("{state key}:seen": id -> "n|the
-# id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order the ids); the
-# index "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are
-# due (ms). A claimed burst leaves a claim record: the state and its ids renamed to
-# "{state key}:claimed" and "{state key}:claimed:seen" for a while, so that a re-sent CLAIM
+# A pending debounce is a hash (message, latest, payload, previous (the payload before the
+# latest's, for WITHDRAW), first, last, run_at, deadline, count, task, id, base (ids adopted
+# from a stale burst)) beside a hash of every dispatch id of the burst ("{state key}:seen":
+# id -> "n|the id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order
+# the ids); the index "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by
+# when they are due (ms). A claimed burst leaves a claim record: the state and its ids renamed
+# to "{state key}:claimed" and "{state key}:claimed:seen" for a while, so that a re-sent CLAIM
 # (and a re-sent DEBOUNCE of an id that already ran) answers as the first did.
 
 # DEBOUNCE — one dispatch: start a burst, or absorb the dispatch into the pending one.
@@ -324,7 +325,7 @@ if msg then
 end
 if msg then
   redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'payload', ARGV[2], 'last', now,
-             'run_at', run_at)
+             'run_at', run_at, 'previous', redis.call('HGET', KEYS[1], 'payload'))
   count = redis.call('HINCRBY', KEYS[1], 'count', 1)
 else
   msg = ARGV[1]
@@ -385,6 +386,24 @@ redis.call('PEXPIRE', KEYS[5], ARGV[4])
 redis.call('ZREM', KEYS[3], KEYS[1])
 local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
 return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
+"""
+
+# WITHDRAW — the undo of a dispatch that raised StoreUnavailable although its DEBOUNCE ran
+# and absorbed it (a lost reply): the burst forgets it, and if it was the latest, the previous
+# latest's arguments are the burst's again (S7: a failed dispatch never supplies the arguments).
+# KEYS as DEBOUNCE. ARGV[1] task id. Returns 1 when it took the dispatch out, 0 when the burst
+# does not hold it as an absorbed dispatch (gone, claimed, or the burst's own message).
+WITHDRAW = """
+local seen = redis.call('HGET', KEYS[2], ARGV[1])
+if not seen then return 0 end
+local s = redis.call('HMGET', KEYS[1], 'message', 'latest', 'previous')
+if not s[1] or s[1] == ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+if s[2] == ARGV[1] and s[3] then
+  local prev = string.sub(seen, string.find(seen, '|', 1, true) + 1)
+  redis.call('HSET', KEYS[1], 'latest', prev, 'payload', s[3])
+end
+return 1
 """
 
 #: expired index entries one TRIM_INDEX drops

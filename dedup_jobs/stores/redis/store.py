@@ -180,6 +180,9 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
         return Due(action=action if action in (OTHER, ADOPTED) else MISSING)
 
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        return bool(self._eval("WITHDRAW", self._debounce_keys(key), (task_id,), key.task_name))
+
     def release_queued(self, key: JobKey, owner: str) -> bool:
         return bool(self._call("RELEASE_QUEUED", key, owner))
 
