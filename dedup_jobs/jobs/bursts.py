@@ -47,6 +47,16 @@ def release(task: DebouncedJob, store: BaseStore, key: JobKey, message_id: str,
     return True
 
 
+def release_pending(task: DebouncedJob, args: Any = (), kwargs: Any = None, *,
+                    reason: str) -> bool:
+    """Release the pending burst of ``task(*args, **kwargs)``'s debounce id, whatever its
+    message (an operator's clean start: the example project's demo). False: none."""
+    key = task.job_key(tuple(args), dict(kwargs or {}))
+    store = task.store()
+    state = store.get_debounce(key)
+    return state is not None and release(task, store, key, state.message_id, reason)
+
+
 def revoke(task: DebouncedJob, due: Due, reason: str, *, skip: str = "") -> None:
     """End the dispatches of the claimed burst ``due`` (all but ``skip``) REVOKED."""
     if task.ignore_result:

@@ -16,17 +16,17 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs.stores import get_store
+from tests.test_debounce_stale import (  # noqa: F401 (collected here)
+    test_stale_burst_gives_way_to_a_new_one,
+    test_withdraw_a_failed_dispatch,
+    test_without_max_wait_each_dispatch_is_a_new_due_time,
+)
 from tests.test_debounce_store import (  # noqa: F401 (collected here)
     test_burst_absorbs_and_claims_latest,
     test_concurrent_dispatches_are_atomic,
     test_deadline_caps_runs_at,
     test_iter_debounces_lists_pending,
     test_missing_and_other,
-)
-from tests.test_debounce_stale import (  # noqa: F401 (collected here)
-    test_stale_burst_gives_way_to_a_new_one,
-    test_withdraw_a_failed_dispatch,
-    test_without_max_wait_each_dispatch_is_a_new_due_time,
 )
 from tests.test_flow_store import (  # noqa: F401 (collected here)
     test_start_exclusive_on_every_store,
