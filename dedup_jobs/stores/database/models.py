@@ -80,6 +80,7 @@ class PendingDebounce(models.Model):
         verbose_name = "debounced job"
         verbose_name_plural = "debounced jobs"
         ordering = ("runs_at",)
+        permissions = [("release_pendingdebounce", "Can release overdue debounced jobs")]
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.ident}] x{self.count}, runs at {self.runs_at}"
