@@ -146,3 +146,20 @@ def test_burst_whose_message_was_lost_runs_on_the_next_dispatch(app: Any, later:
         assert healed.get(timeout=15) == 2
         assert lost.get(timeout=5) == 2
     assert [v for v in jobs.values("record") if v[0] == 31] == [[31, 2]]
+
+
+@pytest.mark.redis
+@pytest.mark.worker
+@pytest.mark.usefixtures("store_name")
+@pytest.mark.parametrize("store_name", ["redis", "database"], indirect=True)
+def test_late_message_of_a_stale_burst_does_not_run_twice(app: Any, later: Any) -> None:
+    """D9: a stale burst's message that still comes (a worker outage longer than the grace)
+    after a newer burst adopted its dispatch is dropped: the newer burst's run answers both
+    dispatches, and the job runs once."""
+    late = jobs.debounce_record.delay(32, 1)  # its message waits: no worker yet
+    later(3.0 + GRACE + 1)
+    newer = jobs.debounce_record.delay(32, 2)
+    with thread_worker(app):
+        assert newer.get(timeout=15) == 2
+        assert late.get(timeout=5) == 2
+    assert [v for v in jobs.values("record") if v[0] == 32] == [[32, 2]]
