@@ -59,10 +59,8 @@ def release_pending(task: DebouncedJob, args: Any = (), kwargs: Any = None, *,
 
 def revoke(task: DebouncedJob, due: Due, reason: str, *, skip: str = "") -> None:
     """End the dispatches of the claimed burst ``due`` (all but ``skip``) REVOKED."""
-    if task.ignore_result:
-        return
-    ids = [i for i in due.absorbed if i != skip]
-    found = record_outcome(task.backend, ids, TaskRevokedError(reason), REVOKED)
+    found = {} if task.ignore_result else record_outcome(
+        task.backend, [i for i in due.absorbed if i != skip], TaskRevokedError(reason), REVOKED)
     if due.latest_id and due.latest_id != skip:
         found[due.latest_id] = chains.links_of(due.args) or []
     for dispatch, links in found.items():
@@ -84,13 +82,21 @@ def undo(task: DebouncedJob, store: BaseStore, key: JobKey, task_id: str,
         # absorbed into another dispatch's burst: it goes, with its arguments
         return store.withdraw(key, task_id)
     others = [i for i in due.absorbed if i != task_id]
-    if others and due.latest_id and due.latest_id != task_id:
-        winner = due.latest_id
-        publish(winner, due, [i for i in others if i != winner])
+    if not others:
+        return True
+    reason = f"debounce burst dropped: its message {task_id} was never published"
+    winner = due.latest_id
+    if winner and winner != task_id:
+        try:
+            publish(winner, due, [i for i in others if i != winner])
+        except Exception:
+            logger.warning("%s: the burst %s had no message and the one sent for dispatches "
+                           "%s failed too.", task.name, key.key, others, exc_info=True)
+            revoke(task, due, reason, skip=task_id)
+            return True
         logger.warning("%s: the burst %s had no message (its first dispatch %s failed); "
                        "dispatches %s were absorbed into it: they run as %s.",
                        task.name, key.key, task_id, others, winner)
-    elif others:
-        revoke(task, due, f"debounce burst dropped: its message {task_id} was never "
-                          f"published", skip=task_id)
+    else:
+        revoke(task, due, reason, skip=task_id)
     return True
