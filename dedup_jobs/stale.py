@@ -1,4 +1,5 @@
-"""Deciding which held locks are stale, for ``clear_stale_locks`` (SPEC A2).
+"""Deciding which held locks (and debounce bursts) are stale, for ``clear_stale_locks`` (SPEC
+A2, D9).
 
 A lock is stale when its owner task is finished according to the result backend, or (only
 with ``older_than``) when it is older than that and its owner is neither reported by a worker
@@ -14,10 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from celery import states
+
+from dedup_jobs import clock
+from dedup_jobs.stores.base import BaseStore, DebounceState
 
 logger = logging.getLogger("dedup_jobs")
 
@@ -141,6 +145,18 @@ class Presence:
             if len(chunk) < QUEUE_CHUNK:
                 return found
             start += QUEUE_CHUNK
+
+
+def pending_bursts(
+    store: BaseStore, *, job: str | None = None, batch_size: int = 500
+) -> Iterator[tuple[DebounceState, bool]]:
+    """D9: every pending debounce burst of ``store`` (of the job ``job`` only, if given), each
+    with whether it is overdue: due more than LEASE_SECONDS ago and never claimed, so its
+    message is taken as lost. Streamed in batches (only where the store can list)."""
+    now = clock.now()
+    for state in store.iter_debounces(batch_size=batch_size):
+        if job is None or state.task_name == job:
+            yield state, state.overdue(now)
 
 
 def _loads(raw: Any, *, first: bool = False) -> Any:

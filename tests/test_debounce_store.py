@@ -19,7 +19,16 @@ from dedup_jobs import clock
 from dedup_jobs.jobs.base import HEADER
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import CLAIMED, MISSING, OTHER, WAIT, BaseStore, Debounced, encode_call
+from dedup_jobs.stores.base import (
+    ADOPTED,
+    CLAIMED,
+    MISSING,
+    OTHER,
+    WAIT,
+    BaseStore,
+    Debounced,
+    encode_call,
+)
 from dedup_jobs.stores.database import statements
 from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from tests.test_stores import MEMORY, delta
@@ -108,16 +117,17 @@ def test_missing_and_other(store_name: str) -> None:
 
 @pytest.mark.django_db(databases=["default"], transaction=True)
 def test_expired_state_starts_a_new_burst() -> None:
-    """D7: a burst whose database row outlived its ttl (its message long gone) does not
-    swallow new dispatches: the next dispatch starts a new burst and publishes. (Cache
-    stores expire the key itself.) The row expires by the database server's clock (S3)."""
+    """D7/D9: a burst whose database row outlived its ttl (its message long gone) does not
+    swallow new dispatches: the next dispatch starts a new burst and publishes, adopting the
+    old burst's ids (the old message, should it come, is ADOPTED). (Cache stores expire the
+    key itself.) The row expires by the database server's clock (S3)."""
     with override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "default"}):
         store = get_store("database")
         store.debounce(KEY, "old", encode_call([1], {}), now=T0, debounce_for=0.1,
                        max_wait=None, ttl=0.2)
         time.sleep(0.5)
         assert dispatch(store, "new", 2, T0 + 100).new is True
-        assert store.claim_due(KEY, "old", now=T0 + 200).action == OTHER
+        assert store.claim_due(KEY, "old", now=T0 + 200).action == ADOPTED
 
 
 @pytest.mark.parametrize("threads", [8])

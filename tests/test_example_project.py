@@ -148,6 +148,22 @@ def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
     assert query(db, "SELECT reprice_runs FROM shop_product WHERE id = 42") == [(2,)]
 
 
+def test_demo_runs_after_a_dispatch_whose_message_was_lost(tmp_path: Path) -> None:
+    """D9, issue 21 case 8: a dispatch from a shell on the example project's in-memory
+    broker leaves a burst whose message ended with the shell; the demo clears the state of
+    all its parts before it starts, so it runs as on a fresh database."""
+    db = tmp_path / "demo.sqlite3"
+    assert_ok(manage("migrate", "--verbosity", "0", db=db))
+    shell = manage("shell", "-c", "from example_project.shop.tasks import rebuild_product_feed; "
+                   "print(rebuild_product_feed.delay('mugs', edit=0).id)", db=db)
+    assert_ok(shell)
+    assert query(db, "SELECT count FROM dedup_jobs_pendingdebounce") == [(1,)]
+    result = manage("demo", db=db)
+    assert_ok(result)
+    assert "released a debounce burst left by an earlier run" in result.stdout
+    assert query(db, "SELECT rebuilds, last_edit FROM shop_productfeed") == [(1, 20)]
+
+
 @pytest.mark.redis
 @pytest.mark.matrix  # the demo once more, on Redis (~12 s): the slow matrix step of CI
 def test_demo_on_redis(tmp_path: Path) -> None:

@@ -10,14 +10,14 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.translation import ngettext
 
 from dedup_jobs import clock
 from dedup_jobs.admin import flow, owners
+from dedup_jobs.admin.actions import ActionPageAdmin
 from dedup_jobs.admin.common import (
-    PageAdmin,
     chosen_store,
     duration,
     listed_jobs,
@@ -26,7 +26,6 @@ from dedup_jobs.admin.common import (
     redirect_to,
     when,
 )
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs import registry
 from dedup_jobs.jobs.base import DedupJob
 from dedup_jobs.keys import JobKey
@@ -92,8 +91,11 @@ def _rows(
     return [_row(lock, now, jobs, owner_links) for lock in locks]
 
 
-class JobLockAdmin(PageAdmin):
+class JobLockAdmin(ActionPageAdmin):
     actions = ["release_selected"]
+
+    def parse_selected(self, value: str) -> Selected | None:
+        return Selected.parse(value)
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("dedup_jobs.release_joblock"))
@@ -178,7 +180,7 @@ class JobLockAdmin(PageAdmin):
         jobs, aliases = listed_jobs()
         choice = chosen_store(request, aliases)
         if request.method == "POST":
-            return self._post(request, choice.store)
+            return self.post_action(request, choice.store)
         page, now, shared = listing(
             request,
             kind="unique",
@@ -201,46 +203,3 @@ class JobLockAdmin(PageAdmin):
             **(extra_context or {}),
         )
         return TemplateResponse(request, "admin/dedup_jobs/held_locks.html", context)
-
-    def _post(self, request: HttpRequest, store: BaseStore | None) -> HttpResponse:
-        """The action form (CSRF-checked by the middleware): run the chosen action."""
-        back = HttpResponseRedirect(request.get_full_path())
-        actions = self.get_actions(request)
-        name = request.POST.get("action", "")
-        if name not in actions:
-            if name:
-                raise PermissionDenied
-            self.message_user(request, "No action selected.", messages.WARNING)
-            return back
-        items = [
-            s
-            for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-            if (s := Selected.parse(v)) is not None
-        ]
-        if not items:
-            self.message_user(
-                request,
-                "Items must be selected in order to perform actions "
-                "on them. No items have been changed.",
-                messages.WARNING,
-            )
-            return back
-        if store is None or not store.can_list:
-            raise PermissionDenied
-        func: Any = actions[name][0]  # type: ignore[index]
-        try:
-            response: HttpResponse | None = func(
-                self, request, _Selection(store=store, items=items)
-            )
-        except StoreUnavailable as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return back
-        return response or back
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Selection:
-    """What the action receives instead of a queryset: the store and the ticked locks."""
-
-    store: BaseStore
-    items: list[Selected]

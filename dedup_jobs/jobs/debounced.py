@@ -18,21 +18,29 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
+from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.jobs import chains
-from dedup_jobs.jobs.absorbed import FAILURE, REVOKED, SUCCESS, record_outcome, remember_chain
+from dedup_jobs.jobs import bursts, chains
+from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome, remember_chain
 from dedup_jobs.jobs.admission import admit_throttle, finished, is_redelivered
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
-from dedup_jobs.stores.base import CLAIMED, STATE_GRACE, WAIT, BaseStore, encode_call
+from dedup_jobs.stores.base import (
+    ADOPTED,
+    CLAIMED,
+    STATE_GRACE,
+    WAIT,
+    BaseStore,
+    Due,
+    encode_call,
+)
 
 #: header flags of a message that already owns its burst (a retry of the claimed run)
 CLAIMED_FLAG = "claimed"
@@ -133,9 +141,7 @@ class DebouncedJob(DedupJob):
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
                 # S7: the dispatch may have started a burst (a lost reply): undo it.
-                rollbacks.add(f"debounce burst {key.key} of never-published task {task_id}",
-                              lambda: self._drop_burst(store, key, task_id),
-                              lifetime=STATE_GRACE)
+                self._undo_later(store, key, task_id, alias, options)
                 raise
             logger.warning(
                 "%s[%s]: store %r unavailable, publishing without debouncing "
@@ -162,43 +168,45 @@ class DebouncedJob(DedupJob):
         try:
             return self._dispatched(publish(args, kwargs, task_id, **options))
         except BaseException:
-            self._abandon(store, key, task_id)
+            self._abandon(store, key, task_id, alias, options)
             raise
 
     def _dispatched(self, result: AsyncResult[Any]) -> AsyncResult[Any]:
         metrics.decision(self.name, "dispatched")  # A5: counted once it is published
         return result
 
-    def _abandon(self, store: BaseStore, key: JobKey, message_id: str) -> None:
-        """Publishing the burst's message failed: drop its state, so that the next dispatch
-        starts a burst that does get a message (later, if the store cannot answer now)."""
-        try:
-            self._drop_burst(store, key, message_id)
-        except StoreUnavailable:
-            rollbacks.add(f"debounce burst {key.key} of never-published task {message_id}",
-                          lambda: self._drop_burst(store, key, message_id),
-                          lifetime=STATE_GRACE)
+    def _undo_later(self, store: BaseStore, key: JobKey, message_id: str, alias: str,
+                    options: dict[str, Any]) -> None:
+        """Hand the undo of a failed dispatch to the rollback thread (tried until the store
+        answers, see :mod:`dedup_jobs.jobs.rollback`)."""
+        rollbacks.add(f"debounce burst {key.key} of never-published task {message_id}",
+                      lambda: self._undo(store, key, message_id, alias, options),
+                      lifetime=STATE_GRACE)
 
-    def _drop_burst(self, store: BaseStore, key: JobKey, message_id: str) -> bool:
-        """Drop the burst whose message ``message_id`` was never published (True if there
-        was one); the dispatches it absorbed end REVOKED, so no caller waits forever."""
-        due = store.claim_due(key, message_id, now=clock.now() + 10 * STATE_GRACE)
-        if due.action != CLAIMED:
-            return False
-        lost = [i for i in due.absorbed if i != message_id]
-        if lost:
-            logger.warning(
-                "%s: the burst %s lost its message; dispatches %s were absorbed "
-                "into it and will not run.",
-                self.name,
-                key.key,
-                lost,
-            )
-            if not self.ignore_result:
-                reason = f"debounce burst dropped: its message {message_id} was never published"
-                for task_id in lost:
-                    self.backend.mark_as_revoked(task_id, reason=reason)
-        return True
+    def _undo(self, store: BaseStore, key: JobKey, message_id: str, alias: str,
+              options: dict[str, Any]) -> bool:
+        def hand_over(winner: str, due: Due, others: list[str]) -> None:
+            # The burst's one message, sent for the dispatches the failed one's burst
+            # absorbed: claimed already (the worker runs it as a claimed burst's retry).
+            header = {**key.as_header(alias), CLAIMED_FLAG: True, ABSORBED: others,
+                      WINNER: winner}
+            sent = {k: v for k, v in options.items() if k not in ("producer", "eta")}
+            sent = self.with_header({**sent, "countdown": float(self.debounce_for or 0)},
+                                    header)
+            super(DebouncedJob, self).apply_async(tuple(due.args), dict(due.kwargs), winner,
+                                                  **sent)
+
+        return bursts.undo(self, store, key, message_id, hand_over)
+
+    def _abandon(self, store: BaseStore, key: JobKey, message_id: str, alias: str,
+                 options: dict[str, Any]) -> None:
+        """Publishing the burst's message failed: take its state back, so that the next
+        dispatch starts a burst that does get a message (later, if the store cannot answer
+        now); dispatches absorbed meanwhile get a message of their own."""
+        try:
+            self._undo(store, key, message_id, alias, options)
+        except StoreUnavailable:
+            self._undo_later(store, key, message_id, alias, options)
 
     def cancel_burst(
         self, message_id: str, header: dict[str, Any], chain: chains.Links | None = None
@@ -210,9 +218,8 @@ class DebouncedJob(DedupJob):
         if header.get(CLAIMED_FLAG):
             return
         try:
-            due = self.store(str(header["via"])).claim_due(
-                self.key_from_header(header), message_id, now=clock.now() + 10 * STATE_GRACE
-            )
+            due = bursts.take(self.store(str(header["via"])), self.key_from_header(header),
+                              message_id)
         except StoreUnavailable:
             logger.warning(
                 "%s[%s]: could not cancel the debounce state of the revoked message.",
@@ -221,18 +228,12 @@ class DebouncedJob(DedupJob):
                 exc_info=True,
             )
             return
-        if due.action != CLAIMED:
+        if due is None:
             return
         reason = f"debounce burst cancelled: its message {message_id} was revoked"
-        found: dict[str, chains.Links] = {message_id: list(chain or ())}
-        found[str(due.latest_id)] = chains.links_of(due.args) or []
-        if not self.ignore_result:
-            others = [i for i in due.absorbed if i != message_id]
-            found.update(record_outcome(self.backend, others, TaskRevokedError(reason), REVOKED))
-        for dispatch, links in found.items():
-            chains.revoke_links(
-                self.backend, links, f"the chain of dispatch {dispatch} does not go on: {reason}"
-            )
+        bursts.revoke(self, due, reason, skip=message_id)
+        chains.revoke_links(self.backend, list(chain or ()),
+                            f"the chain of dispatch {message_id} does not go on: {reason}")
 
     def _retry_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """A retry of a claimed run keeps its burst: flagged claimed (no new debounce), with
@@ -286,6 +287,12 @@ class DebouncedJob(DedupJob):
             return self.run(*args, **kwargs)
         if due.action == WAIT:
             self._reschedule(args, kwargs, header, float(due.wait_until or 0))
+        if due.action == ADOPTED:
+            # D9: this message came after its burst went stale; the newer burst that adopted
+            # its ids runs once for them all and records the outcome under this id too.
+            logger.info("%s[%s]: its stale burst %s was taken over by a newer one; dropped.",
+                        self.name, owner, key.key)
+            raise Ignore()
         if due.action != CLAIMED:
             # D7: the state is gone (flushed, evicted) or belongs to a newer burst: fail open.
             logger.warning(

@@ -5,8 +5,9 @@ nothing locked. Its request may still have reached the store: the reply was lost
 back, or came after the caller gave up. The dispatch scripts refuse to run past the caller's
 deadline, so a request that Redis ran *late* changed nothing; one whose reply was *lost* did
 take its lock (or start its burst). So after every such failure the dispatch hands its undo
-to this module: a compare-and-delete by its own never-published id (or, for a burst, dropping
-the state whose message is that id). One daemon thread per process tries each undo until the
+to this module: a compare-and-delete by its own never-published id (for a debounce dispatch:
+taking back the burst it started, or withdrawing it from the burst it was absorbed into, see
+``bursts.py``). One daemon thread per process tries each undo until the
 store answers, at most ``LEASE_SECONDS / 3`` apart, so the entry is gone within
 ``LEASE_SECONDS`` of the store's return. Undos are grouped by store: each round tries the
 first pending undo of every group, and the next ones of a group whose store answered, so a

@@ -95,6 +95,11 @@ class DebounceState:
     kwargs: dict[str, Any]  # the latest dispatch's keyword arguments
     store: str
 
+    def overdue(self, now: float) -> bool:
+        """D9: due more than the grace ago and still not claimed: its message is taken as
+        lost (the next dispatch starts a new burst; operators may release it)."""
+        return now > self.runs_at + stale_grace()
+
 
 @dataclass(frozen=True, kw_only=True)
 class Debounced:
@@ -158,6 +163,17 @@ CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
 WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
 MISSING = "missing"  # no state (flushed, evicted, expired): run the message as it is
 OTHER = "other"  # the state belongs to another message (a newer burst): run as it is
+#: the message of a stale burst (D9) whose ids a newer burst adopted: that burst's run
+#: records the outcome under this message's id, so the message itself does not run
+ADOPTED = "adopted"
+
+
+def stale_grace() -> float:
+    """D9: seconds past its due time after which a burst no worker claimed is stale (its
+    message is taken as lost) and the next dispatch of its id starts a new burst."""
+    from dedup_jobs.conf import app_settings
+
+    return app_settings.LEASE_SECONDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +181,7 @@ class Due:
     """The answer of :meth:`BaseStore.claim_due`, the worker-side decision of a debounce
     message."""
 
-    action: str  # CLAIMED, WAIT, MISSING or OTHER
+    action: str  # CLAIMED, WAIT, MISSING, OTHER or ADOPTED
     wait_until: float | None = None  # WAIT: when the burst is due (epoch seconds)
     latest_id: str | None = None  # CLAIMED: the dispatch whose arguments run
     args: tuple[Any, ...] = ()
@@ -397,14 +413,24 @@ class BaseStore(ABC):
         one (the caller publishes its message). Otherwise absorb the dispatch: it becomes
         the latest (``payload`` = its arguments, from :func:`encode_call`), runs-at moves to
         ``now + debounce_for``, and the previous latest is reported as superseded. The
-        state lives ``ttl`` seconds past its runs-at/deadline."""
+        state lives ``ttl`` seconds past its runs-at/deadline. A burst due more than
+        :func:`stale_grace` before ``now`` is stale (D9): the dispatch starts a new burst
+        instead, which adopts the stale one's ids (its claim hands them over too)."""
 
     @abstractmethod
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
         """The burst's message is at the worker. Due (runs-at or deadline reached) and the
         burst is this message's: delete the state and hand over the latest arguments and
         every absorbed id (CLAIMED), so that later dispatches start a new burst. Not due:
-        WAIT. No state: MISSING. Another message's burst: OTHER."""
+        WAIT. No state: MISSING. Another message's burst: OTHER, or ADOPTED when that
+        burst adopted this message's stale one (D9)."""
+
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        """S7, the undo of a dispatch that raised StoreUnavailable after its debounce ran (a
+        lost reply) and absorbed it: the pending burst forgets ``task_id``; if it was the
+        latest, the arguments of the dispatch before it are the burst's again. False when
+        the burst holds no such absorbed dispatch (gone, claimed, or its own message)."""
+        raise NotImplementedError(f"{self!r} cannot withdraw a dispatch")
 
     @abstractmethod
     def get_debounce(self, key: JobKey) -> DebounceState | None:

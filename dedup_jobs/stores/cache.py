@@ -22,9 +22,8 @@ so a dispatch costs O(1) whatever the burst's size.
 from __future__ import annotations
 
 import functools
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from celery.utils import uuid
@@ -34,6 +33,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    ADOPTED,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -50,7 +50,9 @@ from dedup_jobs.stores.base import (
     Renewed,
     Started,
     decode_call,
+    stale_grace,
 )
+from dedup_jobs.stores.cache_debounce import CacheDebounceMixin, due_of
 from dedup_jobs.stores.cache_flow import CacheFlowMixin
 
 if TYPE_CHECKING:
@@ -60,7 +62,6 @@ NON_ATOMIC_BACKENDS = (
     "django.core.cache.backends.db.DatabaseCache",
     "django.core.cache.backends.filebased.FileBasedCache",
 )
-MUTEX_SECONDS = 5.0  # a crashed holder's debounce mutex frees itself after this
 DUMMY_BACKEND = "django.core.cache.backends.dummy.DummyCache"
 LOCAL_BACKEND = "django.core.cache.backends.locmem.LocMemCache"
 MEMCACHED_BACKEND = "django.core.cache.backends.memcached.PyMemcacheCache"
@@ -130,7 +131,7 @@ def decision(method: F) -> F:
     return cast(F, run)
 
 
-class CacheStore(CacheFlowMixin, BaseStore):
+class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
     """Locks in any Django cache, as dicts: ``{"owner", "state", "acquired", "expires", ...}``."""
 
     cannot_list_reason = (
@@ -294,29 +295,6 @@ class CacheStore(CacheFlowMixin, BaseStore):
 
     # -- debounce -----------------------------------------------------------------------
 
-    @contextmanager
-    def _mutex(self, key: JobKey) -> Iterator[None]:
-        name, token = f"{key.key}:mutex", uuid()
-        give_up = time.monotonic() + MUTEX_SECONDS
-        pause = 0.0005
-        while not self.calls.add(name, token, MUTEX_SECONDS):
-            if time.monotonic() > give_up:
-                raise StoreUnavailable(self.alias, f"debounce mutex {name!r} stayed taken")
-            time.sleep(pause)
-            pause = min(pause * 2, 0.02)
-        try:
-            yield
-        finally:
-            # compare-and-delete: a mutex that expired under us and was taken by another
-            # dispatcher stays theirs (on memcached; elsewhere a read then a delete)
-            current, cas_token = self.calls.gets(name)
-            if current == token:
-                self.calls.cas_delete(name, cas_token)
-
-    @staticmethod
-    def _ids_key(key: JobKey, message: str, n: int) -> str:
-        return f"{key.key}:ids:{message}:{n}"
-
     @decision
     def debounce(
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
@@ -325,22 +303,28 @@ class CacheStore(CacheFlowMixin, BaseStore):
         with self._mutex(key):
             state = self.calls.get(key.key)
             superseded = None
-            if state is None or state["expires"] <= now:
+            writes: dict[str, Any] = {}
+            if state is None or state["expires"] <= now or due_of(state) + stale_grace() < now:
+                # D9: a stale burst's ids are adopted by the new one, whose run answers them
+                adopted = [] if state is None or state["expires"] <= now else self._ids(key, state)
+                writes = {self._ids_key(key, task_id, n): old
+                          for n, old in enumerate(adopted, start=1)}
                 state = {
                     "message": task_id, "latest": task_id, "payload": payload, "first": now,
                     "last": now, "run_at": now + debounce_for, "count": 1,
                     "deadline": None if max_wait is None else now + max_wait,
-                    "task": key.task_name, "id": key.ident,
+                    "task": key.task_name, "id": key.ident, "base": len(adopted),
                 }
             else:
                 superseded = state["latest"]
                 state = {**state, "latest": task_id, "payload": payload, "last": now,
-                         "run_at": now + debounce_for, "count": state["count"] + 1}
-            timeout = _due(state) - now + ttl
+                         "run_at": now + debounce_for, "count": state["count"] + 1,
+                         "previous": (superseded, state["payload"])}
+            timeout = due_of(state) - now + ttl
             state["expires"] = now + timeout
+            n = state.get("base", 0) + state["count"]
             self.calls.set_many({
-                key.key: state,
-                self._ids_key(key, state["message"], state["count"]): task_id,
+                **writes, key.key: state, self._ids_key(key, state["message"], n): task_id,
             }, timeout)
         return Debounced(new=superseded is None, message_id=state["message"],
                          superseded=superseded)
@@ -352,16 +336,16 @@ class CacheStore(CacheFlowMixin, BaseStore):
             if state is None:
                 return Due(action=MISSING)
             if state["message"] != message_id:
-                return Due(action=OTHER)
-            due = _due(state)
+                adopted = message_id in self._ids(key, state)
+                return Due(action=ADOPTED if adopted else OTHER)
+            due = due_of(state)
             if due - now > DUE_TOLERANCE:
                 return Due(action=WAIT, wait_until=due)
-            names = [self._ids_key(key, message_id, n) for n in range(1, state["count"] + 1)]
-            found = self.calls.get_many(names)
-            self.calls.delete_many([key.key, *names])
+            absorbed = self._ids(key, state)
+            self.calls.delete_many([key.key, *self._id_names(key, state)])
         args, kwargs = decode_call(state["payload"])
         return Due(action=CLAIMED, latest_id=state["latest"], args=args, kwargs=kwargs,
-                   absorbed=tuple(found[name] for name in names if name in found))
+                   absorbed=tuple(absorbed))
 
     @decision
     def get_debounce(self, key: JobKey) -> DebounceState | None:
@@ -372,12 +356,7 @@ class CacheStore(CacheFlowMixin, BaseStore):
         return DebounceState(
             key=key.key, task_name=state["task"], ident=state["id"], count=state["count"],
             first_dispatch_at=state["first"], last_dispatch_at=state["last"],
-            runs_at=_due(state), deadline=state["deadline"], message_id=state["message"],
+            runs_at=due_of(state), deadline=state["deadline"], message_id=state["message"],
             latest_id=state["latest"], args=args, kwargs=kwargs, store=self.alias,
         )
 
-
-def _due(state: dict[str, Any]) -> float:
-    deadline = state["deadline"]
-    run_at: float = state["run_at"]
-    return run_at if deadline is None else min(run_at, deadline)

@@ -1,6 +1,7 @@
 """S5: the store-contract tests of a single Redis, run on a Redis 7 and a Valkey 8 cluster.
 
 The test functions below are the very ones of tests/test_stores.py, tests/test_debounce_store.py,
+tests/test_debounce_stale.py (D9, S7's withdraw),
 tests/test_flow_store.py, tests/test_idempotent.py and tests/test_throttle_store.py (U1-U7, P1-P2,
 D1-D8, R1-R2, S7, T2-T3),
 collected again here with this directory's ``store_name`` fixture (tests/cluster/conftest.py):
@@ -15,6 +16,11 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs.stores import get_store
+from tests.test_debounce_stale import (  # noqa: F401 (collected here)
+    test_stale_burst_gives_way_to_a_new_one,
+    test_withdraw_a_failed_dispatch,
+    test_without_max_wait_each_dispatch_is_a_new_due_time,
+)
 from tests.test_debounce_store import (  # noqa: F401 (collected here)
     test_burst_absorbs_and_claims_latest,
     test_concurrent_dispatches_are_atomic,

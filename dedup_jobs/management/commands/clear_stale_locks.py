@@ -12,10 +12,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import DedupError, StoreUnavailable
-from dedup_jobs.jobs import registry
+from dedup_jobs.jobs import bursts, registry
 from dedup_jobs.jobs.base import DedupJob
+from dedup_jobs.jobs.debounced import DebouncedJob
+from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_released
-from dedup_jobs.stale import BackendUnavailable, OwnerStates, Presence
+from dedup_jobs.stale import BackendUnavailable, OwnerStates, Presence, pending_bursts
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RUNNING, BaseStore, LockInfo
 
@@ -43,7 +45,8 @@ class Command(BaseCommand):
     help = (
         "Remove stale dedup_jobs locks: locks whose owner task finished (result backend), "
         "expired rows of the database store, and with --older-than locks older than that whose "
-        "owner no worker reports and no queue holds. Never removes the lock of a running job."
+        "owner no worker reports and no queue holds. Never removes the lock of a running job. "
+        "Also removes overdue debounce bursts (not run by their due time plus LEASE_SECONDS)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -135,6 +138,7 @@ class Command(BaseCommand):
             return
         try:
             self._expired_rows(target)
+            self._bursts(target)
             scanned = 0
             for batch in batched(target.iter_locks(batch_size=BATCH), BATCH):
                 self._batch(target, batch)
@@ -167,6 +171,30 @@ class Command(BaseCommand):
         for lock in iter_expired(batch_size=BATCH):
             if self.job is None or lock.task_name == self.job:
                 self._remove(target, lock, "expired row", expired=True)
+
+    def _bursts(self, target: BaseStore) -> None:
+        """D9: debounce bursts no worker claimed by their due time plus LEASE_SECONDS (their
+        message is lost) go; the dispatches they absorbed end REVOKED."""
+        for state, overdue in pending_bursts(target, job=self.job, batch_size=BATCH):
+            self.totals["bursts scanned"] += 1
+            if not overdue:
+                continue
+            label = (f"debounce burst {printable(state.task_name)}[{printable(state.ident)}] "
+                     f"in {target.alias!r}, message {printable(state.message_id)}")
+            reason = "overdue: not run by its due time plus LEASE_SECONDS, message lost"
+            if self.dry_run:
+                self.totals["bursts would remove"] += 1
+                self._say(f"would remove {label}: {reason}")
+                continue
+            key = JobKey(key=state.key, task_name=state.task_name, ident=state.ident)
+            job = registry.job_named(state.task_name)
+            why = f"debounce burst released by clear_stale_locks: {reason}"
+            if isinstance(job, DebouncedJob):
+                removed = bursts.release(job, target, key, state.message_id, why)
+            else:
+                removed = bursts.take(target, key, state.message_id) is not None
+            self.totals["bursts removed" if removed else "bursts changed meanwhile"] += 1
+            self._say(f"{'removed' if removed else 'kept'} {label}: {reason}", level=2)
 
     def _batch(self, target: BaseStore, batch: list[LockInfo]) -> None:
         locks = [lock for lock in batch if self.job is None or lock.task_name == self.job]
@@ -248,6 +276,12 @@ class Command(BaseCommand):
                     "(use --older-than)."
                 )
             )
+        if self.totals["bursts scanned"]:
+            verb = "would remove" if self.dry_run else "removed"
+            self.stdout.write(
+                f"{self.totals['bursts scanned']} pending debounce bursts scanned: {verb} "
+                f"{self.totals[f'bursts {verb}']} overdue."
+            )
         done = (
             f"would remove {self.totals['would remove']}"
             if self.dry_run
@@ -276,6 +310,4 @@ def printable(text: str) -> str:
 
 
 def _key(lock: LockInfo) -> Any:
-    from dedup_jobs.keys import JobKey
-
     return JobKey(key=lock.key, task_name=lock.task_name, ident=lock.ident)

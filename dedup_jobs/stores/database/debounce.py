@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    ADOPTED,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -27,6 +28,7 @@ from dedup_jobs.stores.base import (
     DebounceState,
     Due,
     decode_call,
+    stale_grace,
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import PendingDebounce
@@ -63,6 +65,7 @@ class DatabaseDebounceMixin:
         deadline = None if max_wait is None else now + max_wait
         to_dt = clock.db_datetime  # aware (UTC) with USE_TZ, naive local without
         fresh = {
+            "stale_before": to_dt(now - stale_grace()),  # D9: due before this: stale
             "task_name": key.task_name,
             "ident": key.ident,
             "message_id": task_id,
@@ -93,7 +96,8 @@ class DatabaseDebounceMixin:
         now, no_params = server_now(connection)
         until, until_params = server_later(connection, life)
         assert not no_params, connection.vendor  # the one-statement vendors need none
-        statement = sql.DEBOUNCE_UPSERT[sql.template(form)].format(
+        template = sql.DEBOUNCE_UPSERT[sql.template(form)]
+        statement = template.format(
             columns=sql.DEBOUNCE_COLUMNS.format(**names),
             values=sql.DEBOUNCE_VALUES.format(until=until),
             stale=sql.STALE.format(t=names["t"], now=now),
@@ -114,6 +118,7 @@ class DatabaseDebounceMixin:
             dt(v["runs_at"]),
             *until_params,
             v["absorbed"],
+            *[dt(v["stale_before"])] * template.count("{stale}"),
         ]
         ((message, superseded),) = sql.decide(connection, form, statement, params, names=names,
                                               key=key.key, result=sql.DEBOUNCE_RESULT)
@@ -134,7 +139,7 @@ class DatabaseDebounceMixin:
                 claimed = cursor.fetchall()
             if claimed:
                 return _claimed(*claimed[0])
-            row = rows.filter(key=key.key).only("message_id", "runs_at").first()
+            row = rows.filter(key=key.key).only("message_id", "runs_at", "absorbed").first()
         else:
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().filter(key=key.key).first()
@@ -148,8 +153,27 @@ class DatabaseDebounceMixin:
         if row is None:
             return Due(action=MISSING)
         if row.message_id != message_id:
-            return Due(action=OTHER)
+            adopted = message_id in row.absorbed.split(",")
+            return Due(action=ADOPTED if adopted else OTHER)
         return Due(action=WAIT, wait_until=row.runs_at.timestamp())
+
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        return self._guard(self._withdraw, key, task_id)  # type: ignore[no-any-return]
+
+    def _withdraw(self, key: JobKey, task_id: str) -> bool:
+        """S7: an undo, off the dispatch path: the row, locked, then its update."""
+        rows = PendingDebounce.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            row = rows.select_for_update().filter(key=key.key).first()
+            ids = [] if row is None else row.absorbed.split(",")
+            if row is None or row.message_id == task_id or task_id not in ids:
+                return False
+            changes: dict[str, Any] = {"absorbed": ",".join(i for i in ids if i != task_id)}
+            if row.latest_id == task_id and row.superseded_id:
+                changes.update(latest_id=row.superseded_id, payload=row.previous_payload,
+                               previous_payload="")
+            rows.filter(pk=row.pk).update(**changes)
+            return True
 
     def _state(self, row: PendingDebounce) -> DebounceState:
         args, kwargs = decode_call(row.payload)

@@ -62,6 +62,8 @@ class PendingDebounce(models.Model):
     latest_id = models.CharField("latest dispatch id", max_length=255)
     superseded_id = models.CharField(max_length=255, blank=True)
     payload = models.TextField("latest arguments")
+    #: the arguments before the latest dispatch's (for the undo of a failed dispatch, S7)
+    previous_payload = models.TextField(blank=True, default="")
     count = models.PositiveIntegerField("dispatches", default=1)
     first_dispatch_at = models.DateTimeField()
     last_dispatch_at = models.DateTimeField()
@@ -78,6 +80,7 @@ class PendingDebounce(models.Model):
         verbose_name = "debounced job"
         verbose_name_plural = "debounced jobs"
         ordering = ("runs_at",)
+        permissions = [("release_pendingdebounce", "Can release overdue debounced jobs")]
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.ident}] x{self.count}, runs at {self.runs_at}"

@@ -106,19 +106,26 @@ class RowLockingMixin:
         """Absorb the dispatch into the locked row, start over on an expired one (by the
         server's clock), or create the row."""
         rows = PendingDebounce.objects.using(self.using)
-        fresh = {**fresh, "expires_at": ServerNow(life)}
+        stale_before = fresh["stale_before"]
+        fresh = {name: value for name, value in fresh.items() if name != "stale_before"}
+        fresh["expires_at"] = ServerNow(life)
         for _ in range(ATTEMPTS):
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is not None:
-                    if row.expires_at <= row.server_now:  # type: ignore[attr-defined]
-                        rows.filter(pk=row.pk).update(**fresh)
+                    if (row.expires_at <= row.server_now  # type: ignore[attr-defined]
+                            or row.runs_at < stale_before):
+                        # expired, or stale (D9): start over, adopting the burst's ids
+                        absorbed = f"{row.absorbed},{fresh['absorbed']}"
+                        rows.filter(pk=row.pk).update(**{**fresh, "absorbed": absorbed,
+                                                          "previous_payload": ""})
                         return fresh["message_id"], ""
                     run_at = fresh["run_at"]
                     rows.filter(pk=row.pk).update(
                         superseded_id=row.latest_id,
                         latest_id=fresh["latest_id"],
+                        previous_payload=row.payload,
                         payload=fresh["payload"],
                         count=row.count + 1,
                         last_dispatch_at=fresh["last_dispatch_at"],

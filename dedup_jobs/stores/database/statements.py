@@ -129,14 +129,17 @@ ON DUPLICATE KEY UPDATE
 
 DEBOUNCE_COLUMNS = (
     "({k}, task_name, ident, message_id, latest_id, superseded_id, payload, count,"
-    " first_dispatch_at, last_dispatch_at, run_at, deadline, runs_at, expires_at, absorbed)"
+    " first_dispatch_at, last_dispatch_at, run_at, deadline, runs_at, expires_at, absorbed,"
+    " previous_payload)"
 )
-DEBOUNCE_VALUES = "VALUES (%s, %s, %s, %s, %s, '', %s, 1, %s, %s, %s, %s, %s, {until}, %s)"
+DEBOUNCE_VALUES = "VALUES (%s, %s, %s, %s, %s, '', %s, 1, %s, %s, %s, %s, %s, {until}, %s, '')"
 
-# One dispatch. A row that expired ({stale}, by the server's clock) is a burst whose message is
-# long gone: start over. Returns the burst's message id and the dispatch it superseded ("" when
-# it started a burst). The burst's own times (first/last dispatch, runs at, deadline) are the
-# dispatcher's, as the countdown of its message is.
+# One dispatch. A row that expired (by the server's clock), or whose burst was due more than
+# the grace before the dispatch (D9, by the dispatcher's clock: the one parameter of {stale}),
+# is a burst whose message is taken as lost: start over, adopting its ids (the new run answers
+# them). Returns the burst's message id and the dispatch it superseded ("" when it started a
+# burst). The burst's own times (first/last dispatch, runs at, deadline) are the dispatcher's,
+# as the countdown of its message is.
 DEBOUNCE_UPSERT = {
     "on_conflict": """
 INSERT INTO {t} {columns} {values}
@@ -144,6 +147,7 @@ ON CONFLICT ({k}) DO UPDATE SET
   message_id = CASE WHEN {stale} THEN EXCLUDED.message_id ELSE {t}.message_id END,
   superseded_id = CASE WHEN {stale} THEN '' ELSE {t}.latest_id END,
   latest_id = EXCLUDED.latest_id,
+  previous_payload = CASE WHEN {stale} THEN '' ELSE {t}.payload END,
   payload = EXCLUDED.payload,
   count = CASE WHEN {stale} THEN 1 ELSE {t}.count + 1 END,
   task_name = EXCLUDED.task_name,
@@ -157,10 +161,11 @@ ON CONFLICT ({k}) DO UPDATE SET
                  WHEN {t}.deadline IS NOT NULL AND {t}.deadline < EXCLUDED.run_at
                  THEN {t}.deadline ELSE EXCLUDED.run_at END,
   expires_at = EXCLUDED.expires_at,
-  absorbed = CASE WHEN {stale} THEN EXCLUDED.absorbed
-                  ELSE {t}.absorbed || ',' || EXCLUDED.absorbed END
+  absorbed = {t}.absorbed || ',' || EXCLUDED.absorbed
 """,
-    # superseded_id before latest_id, runs_at before deadline, expires_at ({stale}) last.
+    # Each assignment sees the ones before it: superseded_id before latest_id, deadline
+    # before runs_at (unchanged unless {stale}), runs_at and expires_at ({stale}) after every
+    # test of {stale}; past runs_at, "count = 1" is the test (a burst that started over).
     "duplicate_key": """
 INSERT INTO {t} {columns} {values}
 ON DUPLICATE KEY UPDATE
@@ -169,13 +174,13 @@ ON DUPLICATE KEY UPDATE
   count = CASE WHEN {stale} THEN 1 ELSE {t}.count + 1 END,
   first_dispatch_at = CASE WHEN {stale} THEN VALUES(first_dispatch_at)
                            ELSE {t}.first_dispatch_at END,
+  deadline = CASE WHEN {stale} THEN VALUES(deadline) ELSE {t}.deadline END,
   runs_at = CASE WHEN {stale} THEN VALUES(runs_at)
                  WHEN {t}.deadline IS NOT NULL AND {t}.deadline < VALUES(run_at)
                  THEN {t}.deadline ELSE VALUES(run_at) END,
-  deadline = CASE WHEN {stale} THEN VALUES(deadline) ELSE {t}.deadline END,
-  absorbed = CASE WHEN {stale} THEN VALUES(absorbed)
-                  ELSE CONCAT({t}.absorbed, ',', VALUES(absorbed)) END,
+  absorbed = CONCAT({t}.absorbed, ',', VALUES(absorbed)),
   latest_id = VALUES(latest_id),
+  previous_payload = CASE WHEN {t}.count = 1 THEN '' ELSE {t}.payload END,
   payload = VALUES(payload),
   task_name = VALUES(task_name),
   ident = VALUES(ident),
@@ -184,7 +189,7 @@ ON DUPLICATE KEY UPDATE
   expires_at = VALUES(expires_at)
 """,
 }
-STALE = "{t}.expires_at <= {now}"
+STALE = "({t}.expires_at <= {now} OR {t}.runs_at < %s)"
 
 #: the columns each decision reads back (RETURNING, or the SELECT after it)
 LOCK_RESULT = "owner, nonce"

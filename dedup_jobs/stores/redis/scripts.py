@@ -288,107 +288,13 @@ redis.call('ZADD', KEYS[2], expires, KEYS[3])
 return {1, ans}
 """
 
-# A pending debounce is a hash (message, latest, payload, first, last, run_at, deadline, count,
-# task, id) beside a hash of every dispatch id of the burst ("{state key}:seen": id -> "n|the
-# id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order the ids); the
-# index "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by when they are
-# due (ms). A claimed burst leaves a claim record: the state and its ids renamed to
-# "{state key}:claimed" and "{state key}:claimed:seen" for a while, so that a re-sent CLAIM
-# (and a re-sent DEBOUNCE of an id that already ran) answers as the first did.
-
-# DEBOUNCE — one dispatch: start a burst, or absorb the dispatch into the pending one.
-# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
-# KEYS[5] claim record's seen hash
-# ARGV[1] task id, ARGV[2] payload (latest args), ARGV[3] now ms, ARGV[4] debounce_for ms,
-# ARGV[5] max_wait ms or "" (none), ARGV[6] ttl ms (how long the state outlives its due time),
-# ARGV[7] task name, ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none)
-# Returns {1, task id, ""} when it started a burst (the caller publishes its message),
-# {0, message id, superseded id} when it was absorbed, {2, server ms, ""} when run past the
-# deadline (nothing changed). Index entries of bursts gone for ``ttl`` are trimmed on each
-# dispatch, at most INDEX_TRIM of them (trim.py).
-DEBOUNCE = """
-local msg = redis.call('HGET', KEYS[1], 'message')
-local seen = msg and redis.call('HGET', KEYS[2], ARGV[1])
-if seen then
-  if msg == ARGV[1] then return {1, msg, ''} end
-  return {0, msg, string.sub(seen, string.find(seen, '|', 1, true) + 1)}
-end
-if redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
-  return {0, redis.call('HGET', KEYS[4], 'message'), ''}
-end
-local deadline = tonumber(ARGV[9])
-if deadline > 0 then
-  local t = redis.call('TIME')
-  local server = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if server > deadline then return {2, server, ''} end
-end
-local now = tonumber(ARGV[3])
-local run_at = now + tonumber(ARGV[4])
-local ttl = tonumber(ARGV[6])
-local prev = false
-local deadline_at
-local count = 1
-if msg then
-  local cur = redis.call('HMGET', KEYS[1], 'latest', 'deadline')
-  prev = cur[1]
-  deadline_at = tonumber(cur[2])
-  redis.call('HSET', KEYS[1], 'latest', ARGV[1], 'payload', ARGV[2], 'last', now,
-             'run_at', run_at)
-  count = redis.call('HINCRBY', KEYS[1], 'count', 1)
-else
-  msg = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  if ARGV[5] ~= '' then deadline_at = now + tonumber(ARGV[5]) end
-  redis.call('HSET', KEYS[1], 'message', msg, 'latest', msg, 'payload', ARGV[2],
-             'first', now, 'last', now, 'run_at', run_at, 'deadline', deadline_at or '',
-             'count', 1, 'task', ARGV[7], 'id', ARGV[8])
-end
-redis.call('HSET', KEYS[2], ARGV[1], count .. '|' .. (prev or ''))
-local due = run_at
-if deadline_at and deadline_at < due then due = deadline_at end
-redis.call('PEXPIRE', KEYS[1], due - now + ttl)
-redis.call('PEXPIRE', KEYS[2], due - now + ttl)
-""" + trim_lua("KEYS[3]", "now - ttl") + """
-redis.call('ZADD', KEYS[3], due, KEYS[1])
-if prev then return {0, msg, prev} end
-return {1, msg, ''}
-"""
-
-# CLAIM — the burst's message is at the worker: claim the burst if it is due.
-# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
-# KEYS[5] claim record's seen hash
-# ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due),
-# ARGV[4] ms the claim record is kept
-# Returns {"missing"}, {"other", message id}, {"wait", due ms}, or
-# {"claimed", latest id, payload, {id, "n|superseded", ...}} after moving the state into the
-# claim record (a later dispatch starts a new burst); a re-sent CLAIM of the same message
-# gets the same answer from the record.
-CLAIM = """
-local s = redis.call('HMGET', KEYS[1], 'message', 'run_at', 'deadline')
-if s[1] ~= ARGV[1] then
-  local c = redis.call('HMGET', KEYS[4], 'message', 'latest', 'payload')
-  if c[1] == ARGV[1] then
-    return {'claimed', c[2], c[3], redis.call('HGETALL', KEYS[5])}
-  end
-  if not s[1] then return {'missing'} end
-  return {'other', s[1]}
-end
-local due = tonumber(s[2])
-local deadline = tonumber(s[3])
-if deadline and deadline < due then due = deadline end
-if due - tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'wait', due} end
-redis.call('RENAME', KEYS[1], KEYS[4])
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('RENAME', KEYS[2], KEYS[5])
-else
-  redis.call('DEL', KEYS[5])
-end
-redis.call('PEXPIRE', KEYS[4], ARGV[4])
-redis.call('PEXPIRE', KEYS[5], ARGV[4])
-redis.call('ZREM', KEYS[3], KEYS[1])
-local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
-return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
-"""
+# DEBOUNCE, CLAIM, WITHDRAW — debounce (D1-D9), in a module of their own (their keys,
+# arguments and answers are stated there).
+from dedup_jobs.stores.redis.debounce_scripts import (  # noqa: E402, F401
+    CLAIM,
+    DEBOUNCE,
+    WITHDRAW,
+)
 
 #: expired index entries one TRIM_INDEX drops
 TRIM_BATCH = 1000

@@ -12,6 +12,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
+    ADOPTED,
     CLAIM_RECORD_SECONDS,
     CLAIMED,
     DUE_TOLERANCE,
@@ -26,6 +27,7 @@ from dedup_jobs.stores.base import (
     Started,
     decode_call,
     new_request_id,
+    stale_grace,
 )
 from dedup_jobs.stores.cache import backend_path
 from dedup_jobs.stores.redis.adapters import adapter_for
@@ -166,7 +168,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             new, message, superseded = self._eval("DEBOUNCE", keys, (
                 task_id, payload, _ms(now), _ms(debounce_for),
                 "" if max_wait is None else _ms(max_wait), _ms(ttl), key.task_name, key.ident,
-                self.deadline_ms(),
+                self.deadline_ms(), _ms(stale_grace()),
             ), key.task_name)
             if new != 2:
                 return Debounced(new=bool(new), message_id=_text(message),
@@ -185,7 +187,10 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
                        absorbed=_in_order(answer[3]))
         if action == WAIT:
             return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
-        return Due(action=OTHER if action == OTHER else MISSING)
+        return Due(action=action if action in (OTHER, ADOPTED) else MISSING)
+
+    def withdraw(self, key: JobKey, task_id: str) -> bool:
+        return bool(self._eval("WITHDRAW", self._debounce_keys(key), (task_id,), key.task_name))
 
     def release_queued(self, key: JobKey, owner: str) -> bool:
         return bool(self._call("RELEASE_QUEUED", key, owner))

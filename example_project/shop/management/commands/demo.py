@@ -23,6 +23,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from dedup_jobs.jobs import bursts
 from example_project.celery import app
 from example_project.shop import demo_flow, tasks
 from example_project.shop.demo_throttle import part_throttle
@@ -162,8 +163,14 @@ class Command(BaseCommand):
         return product, order
 
     def clear_leftovers(self, product: Product, order: Order) -> None:
-        """An interrupted earlier demo may have left a lock behind: release it."""
+        """An earlier demo, or a dispatch from a shell whose in-memory broker ended with it,
+        may have left a lock or a debounce burst behind: release them (part 4's and 5's
+        locks are released by demo_flow)."""
         app.control.purge()
+        feed = tasks.rebuild_product_feed
+        if bursts.release_pending(feed, ("mugs",), reason="the demo starts afresh"):
+            self.say("(released a debounce burst left by an earlier run: "
+                     f"{feed.job_key(('mugs',), {}).key})")
         for task, args in (
             (tasks.update_search_index, (product.pk,)),
             (tasks.send_order_confirmation, (order.pk,)),
