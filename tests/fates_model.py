@@ -11,11 +11,14 @@ It also counts the fates it dealt, per store, for the closing note.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from hypothesis import strategies as st
 
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores.base import BaseStore
@@ -92,3 +95,48 @@ def past_deadline(store: BaseStore) -> Iterator[None]:
 def supports(store: BaseStore, method: str) -> bool:
     """The store implements ``method`` (take_over, start_exclusive) itself."""
     return getattr(type(store), method) is not getattr(BaseStore, method)
+
+
+# -- the model's constants and records (tests/test_fates_property.py, tests/fates_worker.py) --
+
+UNIQUE_FOR = 600.0
+LEASE = 60.0
+#: a concurrency slot's lease: short, since a deferred message's turn is planned on the
+#: store's clock at most a third of it ahead, and draining the queue waits for those turns
+SLOT_LEASE = 6.0
+SLOTS = 2  # the T key's concurrency
+DEBOUNCE_FOR = 5.0
+STATE_GRACE = 3600.0
+READY = ("SUCCESS", "REVOKED")
+SLACK = 2.0  # seconds of clock difference allowed when reading an expiry
+SEARCH = int(os.environ.get("DEDUP_JOBS_FATES_SEARCH", "0"))
+EXAMPLES = int(os.environ.get("FATES_EXAMPLES", "200"))
+
+#: DEDUP_JOBS_FATES="ok,lost" deals only those fates (to tell a fate's failures from the model's)
+ONLY = [f for f in os.environ.get("DEDUP_JOBS_FATES", "").split(",") if f]
+assert set(ONLY) <= set(FATES), f"DEDUP_JOBS_FATES={ONLY}: each must be one of {FATES}"
+
+#: seconds spent waiting for deferred messages' turns (printed with the fates)
+WAITED = [0.0]
+
+picks = st.integers(min_value=0, max_value=31)
+fates = st.sampled_from(ONLY or ["ok", "ok", *FATES[1:]])
+
+
+@dataclass
+class Body:
+    tid: str
+    kind: str
+    nonce: str
+    holds: bool  # the worker knows what its check granted (renewed, released at the end)
+    ids: list[str] = field(default_factory=list)  # results this run writes (D: the burst's)
+
+
+@dataclass
+class Resend:
+    """A call whose outcome the worker does not know: re-sent until the store answers."""
+
+    what: str
+    owner: str
+    call: Callable[[], Any]
+    apply: Callable[[Any], None]
