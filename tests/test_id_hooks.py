@@ -250,6 +250,28 @@ def test_no_two_pairs_share_a_lock_on_any_store(store_name: str) -> None:
     assert [lock.owner for lock in found.items] == ["o-1"]
 
 
+def test_no_two_pairs_share_a_burst_on_any_store(store_name: str) -> None:
+    """A4 / D1: debounce dispatches of (task name, id) pairs that differ only in where a ":"
+    falls each start a burst of their own, read back with their own task name and id; where
+    the store lists, the Debounced jobs filter lists only the job's own bursts."""
+    from dedup_jobs.stores.base import encode_call
+
+    store = get_store(settings.DEDUP_JOBS["STORE"])
+    now = clock.now()
+    for n, (task, ident) in enumerate(COLON_PAIRS):
+        answer = store.debounce(build_key("debounce", task, ident), f"m-{n}",
+                                encode_call((n,), {}), now=now, debounce_for=600,
+                                max_wait=None, ttl=600)
+        assert answer.new and answer.message_id == f"m-{n}", (task, ident, answer)
+    if not store.can_list:
+        return
+    for task in {task for task, _ident in COLON_PAIRS}:
+        page = store.debounce_page(offset=0, limit=20, task_name=task, now=now)
+        expected = sorted(f"m-{n}" for n, pair in enumerate(COLON_PAIRS) if pair[0] == task)
+        assert sorted(state.message_id for state in page.items) == expected, task
+        assert {state.task_name for state in page.items} == {task}
+
+
 @pytest.mark.redis
 def test_a_colon_in_a_name_or_id_is_no_duplicate_at_dispatch(app: Any, store_name: str) -> None:
     """A4: job ``tests.col`` with id ``x:y`` and job ``tests.col:x`` with id ``y`` are two
@@ -279,3 +301,23 @@ def test_the_admin_job_filter_lists_only_the_jobs_own_locks(listed_store: str) -
     assert owners(client.get(LOCKS, {"job": "tests.col"}).content.decode()) == ["o-0"]
     assert owners(client.get(LOCKS, {"job": "tests.col:x"}).content.decode()) == ["o-1"]
     assert owners(client.get(LOCKS, {"job": "tests.col", "q": "y"}).content.decode()) == ["o-0"]
+
+
+@pytest.mark.redis
+def test_clear_stale_locks_job_filter_keeps_the_other_jobs_lock(listed_store: str) -> None:
+    """A2 / A4: ``clear_stale_locks --all --yes --job tests.col`` removes the lock of job
+    ``tests.col`` (id ``x:y``) and keeps the lock of job ``tests.col:x`` (id ``y``)."""
+    import io
+
+    from django.core.management import call_command
+
+    store = get_store(listed_store)
+    keys = [build_key("unique", task, ident) for task, ident in COLON_PAIRS[:2]]
+    for n, key in enumerate(keys):
+        assert store.acquire(key, f"o-{n}", 60, now=clock.now()).acquired
+    out = io.StringIO()
+    call_command("clear_stale_locks", "--all", "--yes", "--job", "tests.col", stdout=out)
+    assert "1 held locks scanned: removed 1." in out.getvalue(), out.getvalue()
+    assert store.get(keys[0]) is None
+    kept = store.get(keys[1])
+    assert kept is not None and kept.owner == "o-1"

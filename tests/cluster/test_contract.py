@@ -28,6 +28,7 @@ from tests.test_flow_store import (  # noqa: F401 (collected here)
     test_take_over_on_every_store,
 )
 from tests.test_id_hooks import (  # noqa: F401 (collected here)
+    test_no_two_pairs_share_a_burst_on_any_store,
     test_no_two_pairs_share_a_lock_on_any_store,
 )
 from tests.test_idempotent import (  # noqa: F401 (collected here)
