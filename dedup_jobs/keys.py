@@ -225,13 +225,15 @@ _HASH_FORM = re.compile(r"sha256-[0-9a-f]{64}\Z")
 def build_key(kind: str, task_name: str, ident: str) -> JobKey:
     ident = str(ident)
     stored = ident
-    if len(ident) > MAX_ID_LENGTH or _HASH_FORM.match(ident):
+    if len(ident) > MAX_ID_LENGTH or (ident[:7] == "sha256-" and _HASH_FORM.match(ident)):
         stored = "sha256-" + hashlib.sha256(ident.encode("utf-8")).hexdigest()
     readable = ident
     if len(ident) > MAX_READABLE_LENGTH:
         readable = ident[: MAX_READABLE_LENGTH - 1] + "…"
+    # every usual task name is written as it is, without a call
+    task_part = name_part(task_name) if ":" in task_name or "%" in task_name else task_name
     return JobKey(
-        key=f"{app_settings.KEY_PREFIX}:{kind}:{name_part(task_name)}:{stored}",
+        key=f"{app_settings.KEY_PREFIX}:{kind}:{task_part}:{stored}",
         task_name=task_name,
         ident=readable,
     )
