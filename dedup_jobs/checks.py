@@ -8,7 +8,13 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from dedup_jobs.conf import DEFAULTS, LIMITS_ON_STORE_ERROR_CHOICES, ON_STORE_ERROR_CHOICES
+from dedup_jobs.conf import (
+    DEFAULTS,
+    LIMITS_ON_STORE_ERROR_CHOICES,
+    ON_STORE_ERROR_CHOICES,
+    is_seconds,
+    not_finite,
+)
 from dedup_jobs.exceptions import InvalidJobConfiguration
 
 DOCS = "See docs/checks.md."
@@ -31,11 +37,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     for name in sorted(set(raw) - set(DEFAULTS)):
         errors.append(_error(2, f"DEDUP_JOBS has an unknown key {name!r}.",
                              f"Known keys: {', '.join(sorted(DEFAULTS))}."))
-    for name in ("DEFAULT_UNIQUE_FOR", "LEASE_SECONDS", "STORE_TIMEOUT"):
+    for name in SECONDS_SETTINGS:
         value = raw.get(name, DEFAULTS[name])
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if not is_seconds(value) or value <= 0:
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} is not a number of "
-                                    f"seconds above 0.", f"Set it to e.g. {DEFAULTS[name]}."))
+                                    f"seconds above 0{not_finite(value)}.",
+                                 f"Set it to e.g. {DEFAULTS[name]}."))
     value = raw.get("ON_STORE_ERROR", DEFAULTS["ON_STORE_ERROR"])
     if value not in ON_STORE_ERROR_CHOICES:
         errors.append(_error(3, f"DEDUP_JOBS['ON_STORE_ERROR'] = {value!r} is not one of "
@@ -56,7 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be True or False.",
                                  "Use a boolean."))
     value = raw.get("METRICS_FLUSH_SECONDS", DEFAULTS["METRICS_FLUSH_SECONDS"])
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
+    if not is_seconds(value) or not 0 <= value <= 60:
         errors.append(_error(3, f"DEDUP_JOBS['METRICS_FLUSH_SECONDS'] = {value!r} is not a "
                                 f"number of seconds from 0 to 60.",
                              "Set it to e.g. 30 (the Overview shows every process within it), "
@@ -66,6 +73,11 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         errors.append(_error(3, f"DEDUP_JOBS['TASK_URL'] = {raw.get('TASK_URL')!r} {problem}",
                              "Use e.g. 'http://flower:5555/task/{id}', or '' for no link."))
     return errors
+
+
+#: the DEDUP_JOBS settings that are a finite number of seconds above 0 (A3, A4: NaN and the
+#: infinities are E003 like 0 is); METRICS_FLUSH_SECONDS has a range of its own
+SECONDS_SETTINGS = ("DEFAULT_UNIQUE_FOR", "LEASE_SECONDS", "STORE_TIMEOUT")
 
 
 def task_url_problem(value: Any) -> str | None:

@@ -4,6 +4,7 @@ does not look it up on every call."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -135,3 +136,17 @@ def _reload(*, setting: str, **kwargs: Any) -> None:
 
 
 setting_changed.connect(_reload, weak=False, dispatch_uid="dedup_jobs.conf.reload")
+
+
+def is_seconds(value: Any) -> bool:
+    """Whether ``value`` is a finite number, an int or a float (a bool, NaN or an infinity is
+    not): what every option and setting in seconds must be (A4)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
+
+
+def not_finite(value: Any) -> str:
+    """Words to add to an error about ``value`` when it is NaN or an infinity, else ""."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return " (NaN and the infinities are not: they fail at the first dispatch)"
+    return ""

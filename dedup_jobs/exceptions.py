@@ -44,17 +44,20 @@ class InvalidJobConfiguration(DedupError, ImproperlyConfigured):
 
 
 class InvalidJobId(DedupError, ValueError):
-    """A dispatch's id (from ``unique_id()``/``debounce_id()`` or the default key built from
-    the arguments) that its store cannot hold: raised before any store call, so nothing is
-    locked and nothing is published, whatever ``ON_STORE_ERROR`` says (SPEC A4)."""
+    """A dispatch's id (from ``unique_id()``/``debounce_id()``/``throttle_id()`` or the default
+    key built from the arguments) that its store cannot hold, or a hook's value that is not a
+    ``str`` or an ``int``: raised before any store call, so nothing is locked and nothing is
+    published, whatever ``ON_STORE_ERROR`` says (SPEC A4)."""
 
-    def __init__(self, task_name: str, source: str, ident: str, problem: str) -> None:
+    def __init__(self, task_name: str, source: str, ident: object, problem: str) -> None:
         self.task_name = task_name
         self.source = source
-        self.ident = ident
+        self.ident = ident  # a str, or what an id hook returned instead of one
         shown = repr(ident)
         if len(shown) > 120:
             shown = shown[:117] + "..."
+        if not isinstance(ident, str):
+            shown += f" ({type(ident).__name__})"
         super().__init__(
             f"{task_name}: {source} gave the id {shown}, which {problem} "
             f"Nothing was locked or published."

@@ -1,8 +1,15 @@
 """Building the key of a dispatch: ``{KEY_PREFIX}:{kind}:{task name}:{id}``.
 
 The default id binds the call's arguments to the signature of ``run`` (defaults applied), so
-``f(1)`` and ``f(x=1)`` share a key. An id longer than ``MAX_ID_LENGTH`` is replaced by a stable
-hash; the readable form travels beside it so the admin can still show it.
+``f(1)`` and ``f(x=1)`` share a key. An id hook (``unique_id()``, ``debounce_id()``,
+``throttle_id()``) returns a ``str`` or an ``int`` (:func:`hook_id`). An id longer than
+``MAX_ID_LENGTH`` is replaced by a stable hash; the readable form travels beside it so the
+admin can still show it.
+
+Keys are unambiguous (A4): the task-name part holds no ``:`` (:func:`name_part` writes a
+``:`` of the name as ``%3A`` and a ``%`` as ``%25``), so the first ``:`` after it ends the
+name and everything after is the id, whatever the id holds. A name without ``:`` or ``%``
+(every usual Celery task name) is written as it is: its keys are the keys it always had.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import functools
 import hashlib
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,16 +181,59 @@ def id_problem(ident: str) -> str | None:
     return None
 
 
+#: what an id hook must return, for its error message (A4)
+HOOK_TYPE_PROBLEM = (
+    "is not a str or an int: an id hook must return one of those (None, bytes, floats, "
+    "bools and other objects have no single text form, so two different values could "
+    "share a key). Return a str (decode bytes, format the value) or an int."
+)
+
+
+def hook_id(value: Any) -> str | None:
+    """The id text of what an id hook returned: a ``str`` as it is, an ``int`` (not a
+    ``bool``) in decimal; None for anything else (the caller raises naming the hook)."""
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int.__repr__(value)
+    return None
+
+
+_ESCAPED = re.compile("%(25|3A)")
+
+
+def name_part(task_name: str) -> str:
+    """The task-name part of a key: the name as it is, unless it holds ``:`` or ``%``, which
+    are written ``%3A`` and ``%25`` (so the part holds no ``:``, and no two names share it)."""
+    if ":" in task_name or "%" in task_name:
+        return task_name.replace("%", "%25").replace(":", "%3A")
+    return task_name
+
+
+def task_name_of(part: str) -> str:
+    """The task name a key's task-name part was written from (:func:`name_part` undone)."""
+    if "%" not in part:
+        return part
+    return _ESCAPED.sub(lambda found: ":" if found.group(1) == "3A" else "%", part)
+
+
+#: a stored id that is a hash (keys.build_key); a short id of this form is hashed too, so
+#: that it never shares a key with the long id whose hash it spells
+_HASH_FORM = re.compile(r"sha256-[0-9a-f]{64}\Z")
+
+
 def build_key(kind: str, task_name: str, ident: str) -> JobKey:
     ident = str(ident)
     stored = ident
-    if len(ident) > MAX_ID_LENGTH:
+    if len(ident) > MAX_ID_LENGTH or (ident[:7] == "sha256-" and _HASH_FORM.match(ident)):
         stored = "sha256-" + hashlib.sha256(ident.encode("utf-8")).hexdigest()
     readable = ident
     if len(ident) > MAX_READABLE_LENGTH:
         readable = ident[: MAX_READABLE_LENGTH - 1] + "…"
+    # every usual task name is written as it is, without a call
+    task_part = name_part(task_name) if ":" in task_name or "%" in task_name else task_name
     return JobKey(
-        key=f"{app_settings.KEY_PREFIX}:{kind}:{task_name}:{stored}",
+        key=f"{app_settings.KEY_PREFIX}:{kind}:{task_part}:{stored}",
         task_name=task_name,
         ident=readable,
     )

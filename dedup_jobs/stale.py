@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from celery import states
+from kombu.utils.encoding import bytes_to_str
 
 from dedup_jobs import clock
 from dedup_jobs.stores.base import BaseStore, DebounceState
@@ -34,8 +35,12 @@ class BackendUnavailable(Exception):
 
 
 class OwnerStates:
-    """The state of owner task ids in the result backend, one round trip per batch where the
-    backend can (key-value backends: MGET), else one read per id."""
+    """The state of owner task ids in the result backend, one read per batch of owners on
+    every backend a Django team runs: a multi-key read on the key-value backends (Redis:
+    ``MGET``; Celery's cache backend, in memory or on memcached: ``get_multi``, which answers
+    with the keys it found; django-celery-results' ``django-cache``: the Django cache's
+    ``get_many``), one query on django-celery-results' ``django-db`` backend. Any other
+    backend is read one owner at a time (``AsyncResult(owner).state``)."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -54,18 +59,36 @@ class OwnerStates:
 
     def _states(self, owners: list[str]) -> dict[str, str]:
         backend = self.backend
+        model = getattr(backend, "TaskModel", None)  # django-celery-results' django-db
+        if model is not None:
+            rows = model._default_manager.filter(task_id__in=owners)
+            return {str(task_id): str(status)
+                    for task_id, status in rows.values_list("task_id", "status")}
         if hasattr(backend, "get_key_for_task"):
-            try:
-                raw = backend.mget([backend.get_key_for_task(owner) for owner in owners])
-            except NotImplementedError:
-                raw = None
-            if raw is not None:
+            values = _read_many(backend, [backend.get_key_for_task(owner) for owner in owners])
+            if values is not None:
                 return {
                     owner: str(backend.decode_result(value).get("status", states.PENDING))
-                    for owner, value in zip(owners, raw, strict=True)
+                    for owner, value in zip(owners, values, strict=True)
                     if value is not None
                 }
         return {owner: str(self.app.AsyncResult(owner).state) for owner in owners}
+
+
+def _read_many(backend: Any, keys: list[Any]) -> list[Any] | None:
+    """The stored value at each of ``keys`` (None where there is none), in one read; None
+    when the backend has no multi-key read."""
+    try:
+        raw = backend.mget(keys)
+    except NotImplementedError:
+        cache = getattr(backend, "cache_backend", None)  # django-celery-results' django-cache
+        if cache is None:
+            return None
+        raw = cache.get_many([bytes_to_str(key) for key in keys])
+    if isinstance(raw, Mapping):  # a cache answers with the keys it found, in no order
+        found = {bytes_to_str(key): value for key, value in raw.items()}
+        return [found.get(bytes_to_str(key)) for key in keys]
+    return list(raw)
 
 
 class Presence:

@@ -199,3 +199,63 @@ def test_memcached_cache_without_a_bounded_timeout_is_warned(options: dict[str, 
     assert "'timeout'" in warned[0].hint
     bounded = {**caches, "mc": {**cache, "OPTIONS": {"timeout": 2, "connect_timeout": 2}}}
     assert "dedup_jobs.W005" not in ids(CACHES=bounded, DEDUP_JOBS={"STORE": "mc"})
+
+
+NOT_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("value", NOT_FINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize(("base", "option", "extra"), [
+    (UniqueJob, "unique_for", {}),
+    (UniqueUntilProcessingJob, "unique_for", {}),
+    (DebouncedJob, "debounce_for", {}),
+    (DebouncedJob, "max_wait", {"debounce_for": 30}),
+    (UniqueJob, "concurrency", {}),
+    (DebouncedJob, "concurrency", {"debounce_for": 30}),
+])
+def test_nan_and_infinite_options_are_refused_at_class_creation(
+    base: type, option: str, extra: dict[str, Any], value: float
+) -> None:
+    """A4: a numeric option that is NaN or infinite fails at class creation with
+    InvalidJobConfiguration naming the option and the value (not at dispatch with a bare
+    ValueError or OverflowError)."""
+    with pytest.raises(InvalidJobConfiguration, match=f"{option} = {value!r}"):
+        make(base, **extra, **{option: value})
+
+
+def numeric_settings() -> list[str]:
+    """Every DEDUP_JOBS setting whose default is a number (a bool is not)."""
+    from dedup_jobs.conf import DEFAULTS
+
+    return sorted(name for name, default in DEFAULTS.items()
+                  if isinstance(default, (int, float)) and not isinstance(default, bool))
+
+
+@pytest.mark.parametrize("value", NOT_FINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", numeric_settings())
+def test_nan_and_infinite_settings_are_e003(name: str, value: float) -> None:
+    """A3 / A4: every numeric DEDUP_JOBS setting that is NaN or infinite is the system-check
+    error E003 naming the setting and the value."""
+    from django.conf import settings
+
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, name: value}):
+        found = [m for m in run_checks() if m.id == "dedup_jobs.E003"]
+    assert [m.msg.split("]")[0] for m in found] == [f"DEDUP_JOBS[{name!r}"], found
+    assert repr(value) in found[0].msg
+
+
+def test_manage_py_check_refuses_a_nan_lease() -> None:
+    """A3 / A4: ``manage.py check`` fails on LEASE_SECONDS = NaN and STORE_TIMEOUT =
+    Infinity, naming both."""
+    import io
+
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    bad = {**settings.DEDUP_JOBS, "LEASE_SECONDS": float("nan"),
+           "STORE_TIMEOUT": float("Infinity")}
+    with override_settings(DEDUP_JOBS=bad), pytest.raises(SystemCheckError) as caught:
+        call_command("check", stdout=io.StringIO(), stderr=io.StringIO())
+    assert "LEASE_SECONDS'] = nan" in str(caught.value)
+    assert "STORE_TIMEOUT'] = inf" in str(caught.value)

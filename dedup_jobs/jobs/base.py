@@ -13,7 +13,7 @@ from celery.contrib.django.task import DjangoTask
 from django.dispatch import Signal
 
 from dedup_jobs import keys
-from dedup_jobs.conf import app_settings
+from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.jobs.throttle import ThrottleOptions
 from dedup_jobs.keys import JobKey
@@ -130,9 +130,10 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
     def _positive(cls_label: str, option: str, value: Any) -> None:
         if value is None:
             return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if not is_seconds(value) or value <= 0:
             raise InvalidJobConfiguration(
-                f"{cls_label}: {option} = {value!r} must be a number of seconds above 0."
+                f"{cls_label}: {option} = {value!r} must be a number of seconds above 0"
+                f"{not_finite(value)}."
             )
 
     # -- keys and stores ----------------------------------------------------------------
@@ -151,7 +152,12 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         arguments named by unique_on/debounce_on (all arguments by default)."""
         hook = getattr(self, self._id_hook, None)
         if hook is not None:
-            return str(hook(*(args or ()), **(kwargs or {})))
+            value = hook(*(args or ()), **(kwargs or {}))
+            ident = keys.hook_id(value)
+            if ident is None:  # A4: None, bytes, objects... raise naming the hook
+                raise InvalidJobId(self.name, f"{self._id_hook}()", value,
+                                   keys.HOOK_TYPE_PROBLEM)
+            return ident
         return keys.default_id(
             self.name,
             self.run,

@@ -22,7 +22,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
-from dedup_jobs.conf import app_settings
+from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs import bursts, chains
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome, remember_chain
@@ -379,16 +379,14 @@ def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
             "debounce_for is not set. Give the seconds of quiet before the job runs, "
             "e.g. debounce_for=30."
         )
-    if (
-        isinstance(debounce_for, bool)
-        or not isinstance(debounce_for, (int, float))
-        or debounce_for <= 0
-    ):
-        return f"debounce_for = {debounce_for!r} must be a number of seconds above 0."
+    if not is_seconds(debounce_for) or debounce_for <= 0:
+        return (f"debounce_for = {debounce_for!r} must be a number of seconds above 0"
+                f"{not_finite(debounce_for)}.")
     if max_wait is None:
         return None
-    if isinstance(max_wait, bool) or not isinstance(max_wait, (int, float)):
-        return f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)."
+    if not is_seconds(max_wait):
+        return (f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)"
+                f"{not_finite(max_wait)}.")
     if max_wait < debounce_for:
         return (
             f"max_wait = {max_wait!r} is less than debounce_for = {debounce_for!r}: "

@@ -119,7 +119,12 @@ class ThrottleOptions:
         arguments, else the task name alone (one limit for the whole job)."""
         hook = getattr(self, "throttle_id", None)
         if hook is not None:
-            ident, source = str(hook(*(args or ()), **(kwargs or {}))), "throttle_id()"
+            source = "throttle_id()"
+            value = hook(*(args or ()), **(kwargs or {}))
+            found = keys.hook_id(value)
+            if found is None:  # A4: None, bytes, objects... raise naming the hook
+                raise InvalidJobId(self.name, source, value, keys.HOOK_TYPE_PROBLEM)
+            ident = found
         elif self.throttle_on:
             run: Any = getattr(self, "run")  # noqa: B009
             ident = keys.default_id(self.name, run, args, kwargs, self.throttle_on,

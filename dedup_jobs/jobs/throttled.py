@@ -50,6 +50,10 @@ class ThrottledJob(DedupJob):
         if task_id is not None and task_id == self.request.id:
             # a retry (same id) keeps the slot of the attempt that is ending (T2)
             self.request.update(dedup_slot_kept=True)
+        elif getattr(self, "throttle_id", None) is not None:
+            # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused here,
+            # naming the hook, rather than running unthrottled at the worker
+            self.throttle_key(args, kwargs)
         return super().apply_async(args, kwargs, task_id, **options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

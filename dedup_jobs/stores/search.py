@@ -18,6 +18,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from dedup_jobs.keys import name_part, task_name_of
+
 #: the id part of a key whose id was too long and is stored as a hash (keys.build_key)
 _HASHED_ID = re.compile(r":sha256-[0-9a-f]{64}\Z")
 
@@ -44,20 +46,23 @@ class Search:
         return self.folded in fold(task_name) or self.folded in fold(ident)
 
     def may_match_key(self, tail: str) -> bool:
-        """Whether a lock whose key ends in ``tail`` (``"{task name}:{stored id}"``) may match:
-        False only when it cannot (folding keeps the ``:`` between the two, so a match in
-        either part is a match in the tail). An id stored as a hash may match anything."""
-        return self.folded in fold(tail) or _HASHED_ID.search(tail) is not None
+        """Whether a lock whose key ends in ``tail`` (``"{task name part}:{stored id}"``) may
+        match: False only when it cannot. An id stored as a hash may match anything."""
+        if _HASHED_ID.search(tail):
+            return True
+        part, _colon, ident = tail.partition(":")
+        return self.folded in fold(task_name_of(part)) or self.folded in fold(ident)
 
     @staticmethod
     def split_key(tail: str, task_name: str = "") -> tuple[str, str] | None:
-        """``(task name, id)`` of a key tail when the tail tells them apart without doubt (a
-        known task name, or a single ``:``) and the id is not hashed; else None."""
+        """``(task name, id)`` of a key tail (``"{task name part}:{stored id}"``, see
+        :func:`dedup_jobs.keys.name_part`: the part holds no ``:``), or None when the id is
+        hashed (its readable form is only in the store's record) or the tail has no ``:``."""
         if _HASHED_ID.search(tail):
             return None
         if task_name:
-            return task_name, tail[len(task_name) + 1 :]
-        task, colon, ident = tail.partition(":")
-        if not colon or ":" in ident:
+            return task_name, tail[len(name_part(task_name)) + 1 :]
+        part, colon, ident = tail.partition(":")
+        if not colon:
             return None
-        return task, ident
+        return task_name_of(part), ident

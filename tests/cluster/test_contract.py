@@ -2,8 +2,8 @@
 
 The test functions below are the very ones of tests/test_stores.py, tests/test_debounce_store.py,
 tests/test_debounce_stale.py (D9, S7's withdraw),
-tests/test_flow_store.py, tests/test_idempotent.py and tests/test_throttle_store.py (U1-U7, P1-P2,
-D1-D8, R1-R2, S7, T2-T3),
+tests/test_flow_store.py, tests/test_idempotent.py, tests/test_throttle_store.py and
+tests/test_id_hooks.py (U1-U7, P1-P2, D1-D8, R1-R2, S7, T2-T3, A4),
 collected again here with this directory's ``store_name`` fixture (tests/cluster/conftest.py):
 the CACHES alias "cluster" on django-valkey's cluster cache, on each cluster in turn."""
 
@@ -32,6 +32,10 @@ from tests.test_flow_store import (  # noqa: F401 (collected here)
     test_start_exclusive_on_every_store,
     test_take_over_of_an_expired_lock,
     test_take_over_on_every_store,
+)
+from tests.test_id_hooks import (  # noqa: F401 (collected here)
+    test_no_two_pairs_share_a_burst_on_any_store,
+    test_no_two_pairs_share_a_lock_on_any_store,
 )
 from tests.test_idempotent import (  # noqa: F401 (collected here)
     test_acquire_past_its_deadline_changes_nothing,

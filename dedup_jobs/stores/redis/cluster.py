@@ -33,7 +33,7 @@ from typing import Any
 
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
-from dedup_jobs.keys import JobKey
+from dedup_jobs.keys import JobKey, name_part
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.store import RedisStore
 
@@ -75,7 +75,7 @@ def group_of(key: JobKey) -> int:
 def tagged(key: JobKey, group: int) -> str:
     """``key.key`` with the group's hash tag right after ``{task name}:`` (SPEC section 1)."""
     text = key.key
-    marker = f":{key.task_name}:"
+    marker = f":{name_part(key.task_name)}:"
     at = text.find(marker, len(app_settings.KEY_PREFIX))
     if at < 0:
         return f"{{{TAGS[group]}}}{text}"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.keys import JobKey
+from dedup_jobs.keys import JobKey, name_part
 from dedup_jobs.stores.base import (
     QUEUED,
     STATE_GRACE,
@@ -244,13 +244,15 @@ class RedisListing:
         (whose readable id is only in the hash) come in passes of their own, few in most
         stores."""
         prefix = glob_escape(self.physical(marker))
-        prefix += glob_escape(f"{task_name}:") if task_name else ""
+        prefix += glob_escape(f"{name_part(task_name)}:") if task_name else ""
         start = prefix.encode("utf-8")
         if wanted is None:
             return [start + b"*"]
         patterns = []
         if wanted.folded.isascii():
             patterns.append(start + b"*" + glob_icase(wanted.folded).encode("ascii") + b"*")
+            if ":" in wanted.folded or "%" in wanted.folded:
+                patterns.append(start + b"*%*")  # a task name with ":" or "%" is escaped
         patterns.append(start + b"*[\x80-\xff]*")
         patterns.append(start + b"*:sha256-*")
         return patterns
