@@ -241,9 +241,8 @@ def admit_throttle(
     try:
         answer = ask(store)
     except StoreUnavailable:
-        # W7. No re-send follows a deferred message: its copy (same task id) is admitted into
-        # the slot the lost call may have taken, superseding that grant (a re-send or a late
-        # delivery of it then answers RELEASED, changing nothing); else the slot lapses.
+        # W7, no re-send: the copy (same task id) takes over the slot the lost call may have
+        # taken (that grant superseded: its re-send answers RELEASED), or the slot lapses
         defer_for_store(job, key, alias, "throttle check", again)
         # Run after all: a slot the lost call may have taken is settled by the lease (W4).
         return Slot(store=store, key=key, owner=owner, limit=concurrency,
