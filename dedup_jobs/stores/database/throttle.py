@@ -199,7 +199,8 @@ class DatabaseThrottleMixin:
             if nonce != delivery:
                 self._put(pk, DONE, f"n:{nonce}", now, now + lease)
                 mine.filter(kind=GRANT, member=grant).delete()
-        self._put(pk, GRANT, f"{delivery} {owner}", now, now + ttl)
+        # (an owner id too long for the column keeps no grant: the slot is kept by owner alone)
+        self._put(pk, GRANT, f"{delivery} {owner}"[:255], now, now + ttl)
         mine.filter(kind=DONE, member=f"o:{owner}").delete()
 
     def _put(self, pk: int, kind: str, member: str, at: float, expires: float) -> None:
