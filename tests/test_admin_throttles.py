@@ -89,7 +89,8 @@ def _fill_redis(count: int) -> None:
         pipe = client.pipeline(transaction=False)
         for i in range(start, min(count, start + 5000)):
             key = build_key("throttle", "shop.bulk", f"tenant={i}")
-            pipe.evalsha(sha, 6, *s._throttle_keys(key), *s.admit_arguments(
+            keys = s._throttle_keys(key)
+            pipe.evalsha(sha, len(keys), *keys, *s.admit_arguments(
                 key, f"o{i}", delivery=f"d{i}", concurrency=2, rate_limit=0, rate_period=1.0,
                 lease=60.0, deadline_ms=0))
         pipe.execute()

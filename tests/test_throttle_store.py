@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import BaseStore
+from dedup_jobs.stores.base import RELEASED, BaseStore
 from dedup_jobs.stores.throttling import HELD_BACK
 from tests import jobs_throttle
 from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, store_fixture
@@ -53,7 +53,6 @@ def test_concurrency_slots(store_name: str) -> None:
     other = jobs_throttle.two_at_once.throttle_key((2,), {})
     assert admit(store, other, "x", n=2).admitted
     assert store.throttle_release(key, "a")
-    assert not store.throttle_release(key, "a")
     _sleep_until(third.until)  # back for its turn
     assert admit(store, key, "c", n=2).admitted
     assert not admit(store, key, "d", n=2).admitted
@@ -74,8 +73,10 @@ def test_slot_is_a_lease(store_name: str) -> None:
         assert store.throttle_renew(key, "next", 1.0, limit=1).held
     assert not admit(store, key, "other", n=1, lease=1.0).admitted
     assert store.throttle_release(key, "next")
-    assert not store.throttle_release(key, "next")
-    renewed = store.throttle_renew(key, "next", 1.0, limit=1)  # nobody took it: free
+    time.sleep(1.3)  # the lease of "other"'s wait is over too; nothing holds the slot
+    assert admit(store, key, "lapsed", n=1, lease=1.0).admitted
+    time.sleep(1.3)  # "lapsed" was never renewed: its slot is free to take back
+    renewed = store.throttle_renew(key, "lapsed", 1.0, limit=1)
     assert renewed.held and renewed.retaken
 
 
@@ -194,3 +195,55 @@ def test_redis_admission_is_one_round_trip(redis_client: Any) -> None:
     assert delta(redis_client, lambda: store.throttle_renew(key, "a", 60, limit=1)) == {
         "evalsha": 1}
     assert delta(redis_client, lambda: store.throttle_release(key, "a")) == {"evalsha": 1}
+
+
+def _running(store: BaseStore, key: Any) -> int:
+    """The concurrency slots held at ``key`` (the admin's count, T5)."""
+    page = store.throttle_page(offset=0, limit=100, task_name=key.task_name, now=time.time())
+    return sum(item.running for item in page.items if item.key == key.key)
+
+
+def test_resent_release_answers_as_the_first(store_name: str) -> None:
+    """S7 (issue 21, case 8): a release whose reply was lost is sent again: the re-send
+    answers as the first did (freed), while a release of a slot never held answers not."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((9,), {})
+    assert admit(store, key, "a", n=2).admitted
+    assert store.throttle_release(key, "a")
+    assert store.throttle_release(key, "a")  # the re-send: the same answer
+    assert not store.throttle_release(key, "never-held")
+
+
+def test_late_renewal_never_takes_a_released_slot_back(store_name: str) -> None:
+    """T4 (issue 21, case 6): a renewal that reaches the store after its run released the
+    slot (sent before the release, executed after it) changes nothing: the slot stays free."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((10,), {})
+    assert admit(store, key, "a", n=1).admitted
+    assert store.throttle_release(key, "a")
+    late = store.throttle_renew(key, "a", 60, limit=1)
+    assert not late.held
+    assert _running(store, key) == 0
+    assert admit(store, key, "b", n=1).admitted
+
+
+def test_admission_resent_after_its_task_was_admitted_again(store_name: str) -> None:
+    """T2/W7 (issue 21, case 4): g1's admission took a slot but its reply was lost, so g1
+    was deferred; the copy of g1 that comes back is admitted into that slot (a new nonce).
+    The first admission sent again (or late) then changes nothing and grants nothing
+    (RELEASED): nothing of it to release, the copy keeps its slot, the limit holds; after the
+    copy released its slot neither admission of g1 takes it back."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((11,), {})
+    assert admit(store, key, "g1", "n1", n=2).admitted  # the reply lost: deferred (W7)
+    assert admit(store, key, "g1", "n2", n=2).admitted  # the copy, back: runs
+    stale = admit(store, key, "g1", "n1", n=2)  # the first admission, re-sent
+    assert (stale.admitted, stale.reason) == (False, RELEASED)
+    assert admit(store, key, "g2", n=2).admitted
+    assert _running(store, key) == 2
+    assert not admit(store, key, "g3", n=2).admitted  # g1's copy and g2 run
+    assert store.throttle_release(key, "g1")
+    for nonce in ("n1", "n2"):  # late deliveries of either admission of g1
+        late = admit(store, key, "g1", nonce, n=2)
+        assert (late.admitted, late.reason) == (False, RELEASED)
+    assert _running(store, key) == 1

@@ -241,7 +241,9 @@ def admit_throttle(
     try:
         answer = ask(store)
     except StoreUnavailable:
-        defer_for_store(job, key, alias, "throttle check", again)  # W7
+        # W7, no re-send: the copy (same task id) takes over the slot the lost call may have
+        # taken (that grant superseded: its re-send answers RELEASED), or the slot lapses
+        defer_for_store(job, key, alias, "throttle check", again)
         # Run after all: a slot the lost call may have taken is settled by the lease (W4).
         return Slot(store=store, key=key, owner=owner, limit=concurrency,
                     resend=lambda through: ask(through).admitted) if concurrency else None

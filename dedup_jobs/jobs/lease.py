@@ -286,8 +286,8 @@ class LeaseKeeper:
         if lease.slot_limit:
             return [partial(
                 logger.warning,
-                "The concurrency slot of running task %s at %s lapsed and every slot is "
-                "taken now: its body keeps running, beside the limit.", owner, key,
+                "The concurrency slot of running task %s at %s is not held (%s): its body "
+                "keeps running, beside the limit.", owner, key, renewed.holder,
             )]
         return [
             partial(

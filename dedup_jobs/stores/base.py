@@ -110,12 +110,19 @@ class Debounced:
     superseded: str | None = None  # the previous latest dispatch, superseded by the caller
 
 
+#: Admission.reason of a re-sent or late admission whose grant is over (released, or taken
+#: over by a later admission of the same task): nothing was granted, nothing changed
+RELEASED = "released"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Admission:
     """The answer of :meth:`BaseStore.throttle_admit` (T2-T4)."""
 
     admitted: bool
-    reason: str = ""  # deferred: "concurrency" or "throttle"
+    #: deferred: "concurrency" or "throttle"; RELEASED: this nonce's grant was released or
+    #: superseded already (a re-sent or late admission changes nothing, issue 21's fates)
+    reason: str = ""
     until: float = 0.0  # deferred: when to try again (epoch seconds, the store's clock)
 
 

@@ -58,9 +58,12 @@ from tests.test_stores import (  # noqa: F401 (collected here)
     test_worker_start_resent_answers_as_first,
 )
 from tests.test_throttle_store import (  # noqa: F401 (collected here)
+    test_admission_resent_after_its_task_was_admitted_again,
     test_concurrency_and_rate_together,
     test_concurrency_slots,
+    test_late_renewal_never_takes_a_released_slot_back,
     test_rate_sliding_window,
+    test_resent_release_answers_as_the_first,
     test_slot_is_a_lease,
     test_waiter_back_for_its_turn_takes_any_free_slot,
     test_waiters_missing_their_turns,

@@ -16,9 +16,17 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 
 from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
+from dedup_jobs.stores.base import (
+    RELEASED,
+    THROTTLE_GRACE,
+    Admission,
+    Page,
+    Renewed,
+    ThrottleState,
+)
 from dedup_jobs.stores.database.models import ThrottleEntry, ThrottleKey
 from dedup_jobs.stores.database.servertime import ServerNow
 from dedup_jobs.stores.throttling import (
@@ -31,6 +39,11 @@ from dedup_jobs.stores.throttling import (
 )
 
 SLOT, WAIT, START, RES = "slot", "wait", "start", "res"
+#: the admission holding a slot (member: "{nonce} {owner}"), and the tombstones a release
+#: leaves for a lease (member: "n:" + the released or superseded grant's nonce: a re-sent or
+#: late admission with it changes nothing; "o:" + the owner: a re-sent release answers as the
+#: first, a late renewal never takes the slot back), as THROTTLE_RELEASE's K:done
+GRANT, DONE = "grant", "done"
 #: attempts when the key's row is created by another decision at the same time
 ATTEMPTS = 5
 
@@ -90,6 +103,9 @@ class DatabaseThrottleMixin:
             pk, now = self._lock_key(key, limit_text(n, k, p), p if k else 0.0, ttl)
             mine = entries.filter(throttle_id=pk)
             mine.filter(expires_at__lte=_dt(now)).delete()
+            if n and mine.filter(kind=DONE, member=f"n:{delivery}").exists():
+                # a grant released (or superseded), sent again or late: changes nothing
+                return Admission(admitted=False, reason=RELEASED, until=clock.now())
             if k and mine.filter(kind=START, member=delivery).exists():
                 return Admission(admitted=True)  # a re-send (S7)
             holds = False
@@ -132,6 +148,7 @@ class DatabaseThrottleMixin:
                 else:
                     self._put(pk, SLOT, owner, now, now + lease)
                 mine.filter(kind=WAIT, member=owner).delete()
+                self._grant(pk, mine, owner, delivery, now, lease, ttl)
             return Admission(admitted=True)
 
     def _wait_for_slot(self, pk: int, mine: Any, owner: str, n: int, now: float,
@@ -173,6 +190,19 @@ class DatabaseThrottleMixin:
         self._put(pk, WAIT, owner, due, due + lease)
         return min(due - now, cap)
 
+    def _grant(self, pk: int, mine: Any, owner: str, delivery: str, now: float, lease: float,
+               ttl: float) -> None:
+        """The slot of ``owner`` is the grant of ``delivery`` now; an earlier admission of the
+        same task that held it is superseded (tombstoned: its re-send grants nothing)."""
+        for grant in _grants(mine, owner):
+            nonce = grant.split(" ", 1)[0]
+            if nonce != delivery:
+                self._put(pk, DONE, f"n:{nonce}", now, now + lease)
+                mine.filter(kind=GRANT, member=grant).delete()
+        # (an owner id too long for the column keeps no grant: the slot is kept by owner alone)
+        self._put(pk, GRANT, f"{delivery} {owner}"[:255], now, now + ttl)
+        mine.filter(kind=DONE, member=f"o:{owner}").delete()
+
     def _put(self, pk: int, kind: str, member: str, at: float, expires: float) -> None:
         entries = ThrottleEntry.objects.using(self.using)
         if not entries.filter(throttle_id=pk, kind=kind, member=member).update(
@@ -191,11 +221,18 @@ class DatabaseThrottleMixin:
             if found is None:
                 return False
             pk, avg, now = found
-            slot = ThrottleEntry.objects.using(self.using).filter(
-                throttle_id=pk, kind=SLOT, member=owner)
+            mine = ThrottleEntry.objects.using(self.using).filter(throttle_id=pk)
+            slot = mine.filter(kind=SLOT, member=owner)
             started = slot.values_list("at", flat=True).first()
             if started is None or not slot.delete()[0]:
-                return False
+                # a re-sent release answers as the first (S7): its tombstone is there
+                return mine.filter(kind=DONE, member=f"o:{owner}",
+                                   expires_at__gt=now).exists()
+            lease = app_settings.LEASE_SECONDS
+            for grant in _grants(mine, owner):
+                self._put(pk, DONE, f"n:{grant.split(' ', 1)[0]}", _ts(now), _ts(now) + lease)
+                mine.filter(kind=GRANT, member=grant).delete()
+            self._put(pk, DONE, f"o:{owner}", _ts(now), _ts(now) + lease)
             took = max(0.001, _ts(now) - _ts(started))
             rows.filter(pk=pk).update(avg_run=took if avg is None else avg * 0.7 + took * 0.3)
             return True
@@ -207,11 +244,19 @@ class DatabaseThrottleMixin:
         slots = ThrottleEntry.objects.using(self.using).filter(throttle__key=key.key, kind=SLOT)
         if slots.filter(member=owner, expires_at__gt=ServerNow()).update(
                 expires_at=ServerNow(ttl)):
+            ThrottleEntry.objects.using(self.using).filter(  # its grant lives as long
+                throttle__key=key.key, kind=GRANT, member__endswith=f" {owner}",
+                expires_at__lt=ServerNow(ttl)).update(expires_at=ServerNow(ttl))
             return Renewed(held=True)
         with transaction.atomic(using=self.using):
             row = ThrottleKey.objects.using(self.using).filter(key=key.key)
             if not row.update(expires_at=ServerNow(max(ttl, 60.0))):
                 return Renewed(held=False, holder="(the throttle key is gone)")
+            if ThrottleEntry.objects.using(self.using).filter(
+                    throttle__key=key.key, kind=DONE, member=f"o:{owner}",
+                    expires_at__gt=ServerNow()).exists():
+                # released by its owner: a late renewal never takes it back (T4)
+                return Renewed(held=False, holder="(released by its owner)")
             slots.filter(expires_at__lte=ServerNow()).delete()
             if slots.count() >= limit:
                 return Renewed(held=False, holder="(every slot taken)")
@@ -251,3 +296,9 @@ class DatabaseThrottleMixin:
             deferred=found.get(row.pk, {}).get(WAIT, 0) + found.get(row.pk, {}).get(RES, 0),
             store=self.alias) for row in page.items]
         return Page(items=items, total=page.total, has_more=page.has_more)
+
+
+def _grants(mine: Any, owner: str) -> list[str]:
+    """The grant entries (``"{nonce} {owner}"``) of ``owner``'s slot."""
+    return [m for m in mine.filter(kind=GRANT, member__endswith=f" {owner}")
+            .values_list("member", flat=True) if m.split(" ", 1)[1] == owner]

@@ -12,11 +12,18 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import throttling as plan
-from dedup_jobs.stores.base import THROTTLE_GRACE, Admission, Page, Renewed, ThrottleState
+from dedup_jobs.stores.base import (
+    RELEASED,
+    THROTTLE_GRACE,
+    Admission,
+    Page,
+    Renewed,
+    ThrottleState,
+)
 from dedup_jobs.stores.redis.connection import _text
 
 #: the five keys of one throttle key (see throttle_scripts.py), as suffixes of it
-SUFFIXES = ("", ":slots", ":wait", ":starts", ":res")
+SUFFIXES = ("", ":slots", ":wait", ":starts", ":res", ":done")
 
 
 class RedisThrottleMixin:
@@ -78,6 +85,8 @@ class RedisThrottleMixin:
             ), key.task_name)
             if answer[0] == 1:
                 return Admission(admitted=True)
+            if answer[0] == 3:  # a grant released or superseded already (S7, fates)
+                return Admission(admitted=False, reason=RELEASED, until=time.time())
             if answer[0] == 0:
                 # ``until`` on our clock: the server's wait added to our now (no skew)
                 wait = (int(answer[2]) - int(answer[3])) / 1000
@@ -86,17 +95,28 @@ class RedisThrottleMixin:
             self.learn_skew(int(answer[1]))  # refused as late, answered in time: clock skew
         raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
 
+    def _slot_keys(self, key: JobKey) -> list[str]:
+        """The hash, the slots and the tombstones: the keys of a release or a renewal."""
+        keys = self._throttle_keys(key)
+        return [keys[0], keys[1], keys[5]]
+
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        keys = self._throttle_keys(key)[:2]
-        return bool(self._eval("THROTTLE_RELEASE", keys, (owner,), key.task_name))
+        return bool(self._eval("THROTTLE_RELEASE", self._slot_keys(key), (owner,),
+                               key.task_name))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
-        keys = self._throttle_keys(key)[:2]
-        answer = _text(self._eval("THROTTLE_RENEW", keys, (owner, _ms(ttl), limit),
-                                  key.task_name))
-        if answer == "0":
-            return Renewed(held=False, holder="(every slot taken)")
-        return Renewed(held=True, retaken=answer == "2")
+        keys = self._slot_keys(key)
+        for _attempt in range(2):
+            answer = _text(self._eval("THROTTLE_RENEW", keys, (
+                owner, _ms(ttl), limit, self.deadline_ms()), key.task_name))
+            if answer == "0":
+                return Renewed(held=False, holder="(every slot taken)")
+            if answer == "4":
+                return Renewed(held=False, holder="(released by its owner)")
+            if not answer.startswith("L"):
+                return Renewed(held=True, retaken=answer == "2")
+            self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the renewal as late twice")
 
     # -- the admin's page (T5) -------------------------------------------------------------
 
@@ -106,7 +126,8 @@ class RedisThrottleMixin:
         """(the key's state without its counts, its physical key, its period in ms)."""
         if not fields or b"task" not in fields:
             return None
-        data = {_text(k): _text(v) for k, v in fields.items() if not k.startswith(b"s:")}
+        data = {_text(k): _text(v) for k, v in fields.items()
+                if not k.startswith((b"s:", b"g:"))}
         at = physical.find(f"{app_settings.KEY_PREFIX}:throttle:")
         state = ThrottleState(
             key=self.logical(physical[at:] if at >= 0 else physical), task_name=data["task"],

@@ -10,6 +10,12 @@ is five keys sharing its hash tag (suffixes, so they share a slot on a Redis Clu
 - ``K:wait``    sorted set: messages deferred for a slot, score = their planned turn
 - ``K:starts``  sorted set: starts of the last period, member = delivery nonce, score = when
 - ``K:res``     sorted set: start times reserved for deferred messages, member = task id
+- ``K:done``    sorted set: tombstones of released slots (issue 21's fates), score = expiry:
+                "n:"..nonce (a grant released, or superseded by a later admission of its task:
+                a re-sent or late admission with that nonce changes nothing) and "o:"..owner
+                (a slot its owner released: a re-sent release answers as the first, a late
+                renewal never takes it back). The hash's "g:"..owner is the nonce of the
+                admission holding owner's slot, "l" the lease (ms).
 
 The rate is a sliding window log (starts and reservations): every start checks that fewer
 than ``k`` started in the period before it, so no window of one period ever holds more than
@@ -22,7 +28,7 @@ from dedup_jobs.stores.redis.trim import trim_lua
 
 # THROTTLE_ADMIT — T2/T3: admit a message to run, or defer it.
 # KEYS[1] hash, KEYS[2] slots, KEYS[3] wait, KEYS[4] starts, KEYS[5] reservations,
-# KEYS[6] throttle index (sorted set of hashes, scored by expiry)
+# KEYS[6] tombstones, KEYS[7] throttle index (sorted set of hashes, scored by expiry)
 # ARGV[1] owner (task id), ARGV[2] delivery nonce, ARGV[3] concurrency (0: none),
 # ARGV[4] lease ms, ARGV[5] starts per period (0: none), ARGV[6] period ms, ARGV[7] task name,
 # ARGV[8] readable id, ARGV[9] deadline ms (server clock; "0": none), ARGV[10] longest wait
@@ -41,7 +47,8 @@ from dedup_jobs.stores.redis.trim import trim_lua
 # that waiter's lateness from now (at most a quarter of the longest wait), to come back
 # after the burst.
 # Returns {1, now} admitted (a slot taken or kept, the start recorded), {0, "concurrency" |
-# "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed). A
+# "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed), {3,
+# now} the grant of this nonce was released or superseded already (nothing changed). A
 # re-send answers as the first: the start is known by its nonce, the slot by its owner, a
 # reservation or a wait by the owner.
 THROTTLE_ADMIT = """
@@ -56,12 +63,17 @@ local cap, grace, margin = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV
 local ttl = math.max(lease, p) + cap + 2 * grace
 local function keep()
   redis.call('HSET', KEYS[1], 'task', ARGV[7], 'id', ARGV[8], 'limit', ARGV[12], 'n', n,
-             'k', k, 'p', p)
-  for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
+             'k', k, 'p', p, 'l', lease)
+  for i = 1, 6 do redis.call('PEXPIRE', KEYS[i], ttl) end
   if tonumber(t[2]) % 16 == 0 then
-""" + trim_lua("KEYS[6]", "now") + """
+""" + trim_lua("KEYS[7]", "now") + """
   end
-  redis.call('ZADD', KEYS[6], now + ttl, KEYS[1])
+  redis.call('ZADD', KEYS[7], now + ttl, KEYS[1])
+end
+if n > 0 then
+  -- a grant released (or superseded), sent again or late: changes nothing
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
+  if redis.call('ZSCORE', KEYS[6], 'n:' .. ARGV[2]) then return {3, now} end
 end
 if k > 0 and redis.call('ZSCORE', KEYS[4], ARGV[2]) then return {1, now} end
 local holds = false
@@ -172,6 +184,11 @@ if k > 0 then
 end
 if n > 0 then
   if not holds then redis.call('HSET', KEYS[1], 's:' .. owner, now) end
+  -- the slot is this admission's grant; one of the same task that held it is superseded
+  local g = redis.call('HGET', KEYS[1], 'g:' .. owner)
+  if holds and g and g ~= ARGV[2] then redis.call('ZADD', KEYS[6], now + lease, 'n:' .. g) end
+  redis.call('HSET', KEYS[1], 'g:' .. owner, ARGV[2])
+  redis.call('ZREM', KEYS[6], 'o:' .. owner)
   redis.call('ZADD', KEYS[2], now + lease, owner)
   redis.call('ZREM', KEYS[3], owner)
 end
@@ -182,12 +199,24 @@ return {1, now}
 # THROTTLE_RELEASE — free the caller's concurrency slot at the end of its run (T4: one round
 # trip) and fold the run's duration into the average run ('avg') the waiters' turns are
 # planned with. The slot is free for any waiter back for its turn (see THROTTLE_ADMIT).
-# KEYS[1] hash, KEYS[2] slots; ARGV[1] owner
-# Returns 1 when the caller's slot was freed, 0 when it held none (gone, or a re-send).
+# It leaves tombstones (K:done) for a lease: the grant's nonce and the owner.
+# KEYS[1] hash, KEYS[2] slots, KEYS[3] tombstones; ARGV[1] owner
+# Returns 1 when the caller's slot was freed, or had been by a release this one re-sends (S7:
+# as the first), 0 when it held none (lapsed, or taken by nothing).
 THROTTLE_RELEASE = """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  if redis.call('ZSCORE', KEYS[3], 'o:' .. ARGV[1]) then return 1 end
+  return 0
+end
+local lease = tonumber(redis.call('HGET', KEYS[1], 'l')) or 60000
+local g = redis.call('HGET', KEYS[1], 'g:' .. ARGV[1])
+if g then redis.call('ZADD', KEYS[3], now + lease, 'n:' .. g) end
+redis.call('ZADD', KEYS[3], now + lease, 'o:' .. ARGV[1])
+redis.call('HDEL', KEYS[1], 'g:' .. ARGV[1])
+if redis.call('PTTL', KEYS[3]) < lease then redis.call('PEXPIRE', KEYS[3], lease) end
 local started = tonumber(redis.call('HGET', KEYS[1], 's:' .. ARGV[1]))
 if started then
   local took = math.max(1, now - started)
@@ -200,16 +229,21 @@ return 1
 """
 
 # THROTTLE_RENEW — the lease of a running job's concurrency slot (as RENEW for a lock).
-# KEYS[1] hash, KEYS[2] slots; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] concurrency
+# KEYS[1] hash, KEYS[2] slots, KEYS[3] tombstones; ARGV[1] owner, ARGV[2] ttl ms, ARGV[3]
+# concurrency, ARGV[4] deadline ms (server clock; "0": none)
 # Returns "1" when the caller's slot was extended, "2" when it had lapsed and was free to take
-# back, "0" when it had lapsed and every slot is taken (nothing changed).
+# back, "0" when it had lapsed and every slot is taken, "4" when its owner released it (a
+# renewal never takes a released slot back), "L"..now run past the deadline (nothing changed).
 THROTTLE_RENEW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[4])
+if deadline > 0 and now > deadline then return 'L' .. now end
 local ttl = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local answer = '1'
 if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
+  if (tonumber(redis.call('ZSCORE', KEYS[3], 'o:' .. ARGV[1])) or 0) > now then return '4' end
   if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return '0' end
   answer = '2'
 end
