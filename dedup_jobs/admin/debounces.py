@@ -52,7 +52,7 @@ class PendingDebounceAdmin(PageAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         jobs, aliases = listed_jobs()
-        choice = chosen_store(request, aliases)
+        choice = chosen_store(request, aliases, "PendingDebounce")
         page, now, shared = listing(
             request,
             kind="debounce",
