@@ -286,3 +286,30 @@ def test_show_args_false_hides_debounce_arguments(listed_store: str) -> None:
     assert "item=9" in html
     assert "secret-value" not in html
     assert "hidden (SHOW_ARGS = False)" in html
+
+
+@pytest.mark.django_db
+def test_job_classes_show_every_kind_and_its_limits() -> None:
+    """A1, T1-T3: Job classes names a ThrottledJob's kind and shows each job's limits in
+    the concurrency and throttle columns ("—" for a job with none)."""
+    html = login("viewer", "view_joblock").get(CLASSES).content.decode().replace("<wbr>", "")
+    rows = {
+        m.group(1): re.findall(r"<td[^>]*>(.*?)</td>", m.group(2), re.S)
+        for m in re.finditer(r"<th[^>]* title=\"[^\"]*\">([^<]+)</th>(.*?)</tr>", html, re.S)
+    }
+    assert rows["tests.two_at_once"][0] == "ThrottledJob"
+    assert rows["tests.two_at_once"][-2:] == ["2", "—"]
+    assert rows["tests.five_per_second"][-2:] == ["—", "5/s"]
+    assert rows["tests.unique_one_at_once"][0] == "UniqueJob"
+    assert rows["tests.unique_one_at_once"][-2:] == ["1", "—"]  # a UniqueJob's limit
+    assert rows["tests.unique_sleep"][-2:] == ["—", "—"]
+
+
+@pytest.mark.django_db
+def test_the_store_label_names_the_model_of_the_page() -> None:
+    """A1: the database store is labelled with the model each page lists."""
+    client = login("viewer", "view_joblock")
+    for url, model in ((LOCKS, "JobLock"), (DEBOUNCES, "PendingDebounce"),
+                       ("/admin/dedup_jobs/throttlekey/", "ThrottleKey")):
+        html = client.get(url, {"store": "database"}).content.decode()
+        assert f"<strong>database ({model} model)</strong>" in html, url

@@ -139,10 +139,9 @@ def test_the_recent_chart_follows_the_activity() -> None:
     now = clock.now()
     from dedup_jobs.metrics.tally import Taken
 
-    earlier = Taken()
-    earlier.timed[("tests.unique_sleep", "dispatched", int(now // 10 * 10) - 90)] = 7
+    earlier = Taken()  # a flush 90 s ago
     earlier.decisions[("tests.unique_sleep", "dispatched")] = 7
-    history.write(earlier, now)
+    history.write(earlier, now - 90)
     for _ in range(3):
         metrics.decision("tests.unique_sleep", "dispatched")
     assert history.flusher.flush()
