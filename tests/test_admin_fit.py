@@ -27,8 +27,9 @@ from dedup_jobs.keys import build_key
 from dedup_jobs.metrics import history, tally
 from dedup_jobs.metrics.tally import Taken
 from dedup_jobs.stores import get_store
+from tests import jobs
 from tests import jobs_long_names as named
-from tests.test_admin_browser import browser, log_in  # noqa: F401  (fixture)
+from tests.test_admin_browser import browser, log_in, shots  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.redis, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -111,6 +112,17 @@ MEASURE = r"""(names) => {
       }
     }
   }
+  // The text of an owner cell (a task id, shortened or whole) or a no-wrap cell never
+  // wraps (a cell may hold two lines of its own: a time, <br>, "in 26 s").
+  document.querySelectorAll('#content td.owner, #content .nowrap').forEach(cell => {
+    const texts = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = texts.nextNode(); node; node = texts.nextNode()) {
+      if (!node.data.trim()) continue;
+      const range = document.createRange(); range.selectNodeContents(node);
+      const lines = new Set([...range.getClientRects()].map(r => Math.round(r.top)));
+      if (lines.size > 1) problems.push(`"${node.data}" wraps over ${lines.size} lines`);
+    }
+  });
   return {problems: problems, tables: tables, columns: columns, page: page};
 }"""
 
@@ -189,7 +201,7 @@ def test_every_page_fits(
     page of the section is wider than its box or under the filter panel, the page does not
     scroll sideways, and names, task ids and durations break only where they may."""
     fill(app)
-    shots = os.environ.get("DEDUP_JOBS_SCREENSHOTS")
+    folder = os.environ.get("DEDUP_JOBS_SCREENSHOTS")
     context = browser.new_context(viewport={"width": width, "height": SIZES[width]},
                                   color_scheme=scheme)
     is_open = "true" if sidebar == "open" else "false"
@@ -201,8 +213,8 @@ def test_every_page_fits(
     def look(name: str) -> None:
         got = page.evaluate(MEASURE, list(NAMES))
         found[name] = got
-        if shots and sidebar == "open":
-            target = Path(shots)
+        if folder and sidebar == "open":
+            target = Path(folder)
             target.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(target / f"{name}-{width}-{scheme}.png"))
 
@@ -228,3 +240,32 @@ def test_every_page_fits(
     problems = [f"{name}: {p}" for name, got in found.items() for p in got["problems"]]
     assert not problems, (f"at {width}x{SIZES[width]}, sidebar {sidebar}, {scheme}:\n"
                           + "\n".join(problems))
+
+
+def test_overview_in_the_browser(
+    browser: Any, live_server: Any, shots: Path,  # noqa: F811
+) -> None:
+    """A5: after 20 dispatches of 4 keys (flushed), the Overview in Chromium draws both charts
+    and its job row says 16 duplicates prevented, 4 dispatched (screenshot for the docs)."""
+    from dedup_jobs.metrics import history, tally
+
+    tally.take()
+    for n in range(20):
+        jobs.unique_sleep.delay(f"overview-{n % 4}")
+    assert history.flusher.flush()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    try:
+        # as a deployment runs it (the suite's own processes keep no flush thread)
+        with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "METRICS_FLUSH_SECONDS": 30}):
+            log_in(page, live_server, "/admin/dedup_jobs/overview/")
+        charts = page.locator("figure.dedup-chart svg")
+        assert charts.count() == 2 and charts.first.is_visible()
+        assert charts.first.bounding_box()["height"] > 50
+        row = page.locator("tr.job-row", has_text="tests.unique_sleep")
+        assert row.locator("td.prevented").inner_text() == "16"
+        assert row.locator("td.dispatched").inner_text() == "4"
+        page.screenshot(path=str(shots / "admin-overview.png"), full_page=True)
+    finally:
+        context.close()
