@@ -130,6 +130,7 @@ MEASURE = r"""(names) => {
 def fill(app: Any) -> None:
     """Every page with rows of long names: locks (one running), debounces, throttle keys,
     the Overview's history over the last day with a burst in the last minutes."""
+    tally.take()
     store = get_store("redis")
     now = clock.now()
     for n, customer in enumerate(("acme-corporation-eu-west-1", "globex:tenant:eu:invoices",
@@ -151,16 +152,26 @@ def fill(app: Any) -> None:
 
 def history_of_a_day(now: float) -> None:
     """Decisions spread over the last day, and a burst in the last two minutes (flushed)."""
-    for hours_ago, scale in ((20, 3), (14, 8), (9, 5), (4, 12), (1, 6)):
-        taken = Taken()
-        taken.decisions.update({(named.BILLING, "dispatched"): 10 * scale,
-                                (named.BILLING, "deduplicated"): 25 * scale,
-                                (named.SEARCH, "superseded"): 14 * scale,
-                                (named.SEARCH, "dispatched"): 3 * scale,
-                                (named.PAYMENTS, "dispatched"): 20 * scale,
-                                (named.PAYMENTS, "ran"): 20 * scale})
-        history.write(taken, now - hours_ago * 3600)
-    tally.take()
+    day = Taken()  # a working day, busier in the afternoon, until two hours ago
+    for n in range(3 * 20):
+        at = int(now - 22 * 3600 + n * 1200)
+        scale = 1 + (n * 7) % 5 + (6 if 30 <= n <= 48 else 0)  # every 20 minutes
+        for job, outcome, count in ((named.BILLING, "dispatched", 4),
+                                    (named.BILLING, "deduplicated", 9),
+                                    (named.SEARCH, "superseded", 5),
+                                    (named.SEARCH, "dispatched", 1),
+                                    (named.PAYMENTS, "dispatched", 7),
+                                    (named.PAYMENTS, "ran", 7)):
+            day.timed[(job, outcome, at)] += count * scale
+            day.decisions[(job, outcome)] += count * scale
+    for seconds_ago in range(100, 10, -10):  # a burst over the last two minutes
+        at = int((now - seconds_ago) // 10 * 10)
+        deduplicated, deferred = 10 + (7 * seconds_ago) % 50, 5 + (3 * seconds_ago) % 40
+        day.timed[(named.BILLING, "deduplicated", at)] += deduplicated
+        day.timed[(named.PAYMENTS, "deferred", at)] += deferred
+        day.decisions[(named.BILLING, "deduplicated")] += deduplicated
+        day.decisions[(named.PAYMENTS, "deferred")] += deferred
+    history.write(day, now)
     key = build_key("unique", named.BILLING, "customer_id='acme-corporation-eu-west-1'").key
     throttle = build_key("throttle", named.PAYMENTS, "merchant=acme-payments-europe").key
     for _ in range(40):

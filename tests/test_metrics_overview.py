@@ -40,7 +40,7 @@ def test_overview_shows_flushed_decisions() -> None:
     assert (row["prevented"], row["dispatched"], row["deduplicated"]) == (9, 3, 9)
     assert html.count("<svg viewBox") == 2
     assert html.count('<polyline class="outcome-deduplicated"') == 2
-    keys = re.findall(r'<td class="ident">([^<]*)</td><td class="count prevented">(\d+)</td>',
+    keys = re.findall(r'<td class="ident"[^>]*>([^<]*)</td><td class="count prevented">(\d+)</td>',
                       html)
     assert sorted(int(c) for _, c in keys) == [3, 3, 3]
     store = re.search(r"<tr><td>redis</td><td class=\"count\">(\d+)</td>", html)
@@ -100,7 +100,7 @@ def test_overview_is_listed_first_in_the_section() -> None:
 def key_rows(html: str) -> list[tuple[str, int, int]]:
     """The busiest keys: (key, duplicates prevented, deferred), in the page's order."""
     return [(key, int(prevented), int(deferred)) for key, prevented, deferred in re.findall(
-        r'<td class="ident">([^<]*)</td><td class="count prevented">(\d+)</td>'
+        r'<td class="ident"[^>]*>([^<]*)</td><td class="count prevented">(\d+)</td>'
         r'<td class="count deferred">(\d+)</td>', html)]
 
 

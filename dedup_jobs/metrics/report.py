@@ -34,6 +34,8 @@ WIDTH, HEIGHT, PAD = 720, 160, 36
 RECENT = ((120, FINE), (300, FINE), (600, FINE), (1800, MINUTE), (HOUR, MINUTE))
 #: the same for the day chart (bins of 5, 10, 20 and 30 minutes, from minute buckets)
 DAILY = ((3 * HOUR, 300), (6 * HOUR, 600), (12 * HOUR, 1200), (DAY, 1800))
+#: the time axis' label intervals (seconds), the shortest that gives at most 7 labels
+TICKS = (30, 60, 120, 300, 600, 900, 1800, HOUR, 2 * HOUR, 4 * HOUR)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +99,9 @@ def chart(title: str, now: float, resolution: int, span: int, size: int) -> Char
             f"{PAD + n * step:.1f},{bottom - value / peak * (HEIGHT - 2 * PAD):.1f}"
             for n, value in enumerate(series[outcome]))
         lines.append({"outcome": outcome, "points": points})
-    every = max(1, bins // 6)
+    # a label every round number of seconds (30 s, 1 min, ... 4 h), at most 7 of them
+    every = next((tick // size for tick in TICKS if tick % size == 0 and span // tick <= 6),
+                 max(1, bins // 6))
     ticks = [{"x": round(PAD + n * step, 1), "label": _ago((bins - 1 - n) * size)}
              for n in range(bins - 1, -1, -every)]
     per = _ago(size)[1:]
