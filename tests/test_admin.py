@@ -313,3 +313,17 @@ def test_the_store_label_names_the_model_of_the_page() -> None:
                        ("/admin/dedup_jobs/throttlekey/", "ThrottleKey")):
         html = client.get(url, {"store": "database"}).content.decode()
         assert f"<strong>database ({model} model)</strong>" in html, url
+
+
+def test_names_break_between_their_words() -> None:
+    """A1 layout: a task name may break after '.', ':' and '_' (a <wbr>), escaped; only a
+    word longer than any real one (24 characters) also breaks inside, every 12."""
+    from dedup_jobs.templatetags.dedup_admin import breakable, breakable_class
+
+    assert breakable("shop.tasks:rebuild_index.") == "shop.<wbr>tasks:<wbr>rebuild_<wbr>index."
+    assert breakable("<b>.x") == "&lt;b&gt;.<wbr>x"
+    assert breakable("tests.long_name_" + "x" * 30) == (
+        "tests.<wbr>long_<wbr>name_<wbr>" + "x" * 12 + "<wbr>" + "x" * 12 + "<wbr>" + "x" * 6)
+    assert breakable("recalculate_customer_invoice_totals") == (
+        "recalculate_<wbr>customer_<wbr>invoice_<wbr>totals")  # real words stay whole
+    assert breakable_class("UniqueUntilProcessingJob") == "Unique<wbr>Until<wbr>Processing<wbr>Job"
