@@ -223,10 +223,11 @@ def test_job_classes_lists_every_registered_job() -> None:
     fields."""
     from tests import jobs_debounce  # noqa: F401 - registers the debounced jobs
 
-    html = login("viewer", "view_joblock").get(CLASSES).content.decode()
+    html = login("viewer", "view_joblock").get(CLASSES).content.decode().replace("<wbr>", "")
     rows = {
         m.group(1): m.group(2)
-        for m in re.finditer(r"<th title=\"[^\"]*\">([^<]+)</th>(.*?)</tr>", html, re.S)
+        for m in re.finditer(r"<th class=\"field-job\" title=\"[^\"]*\">([^<]+)</th>(.*?)</tr>",
+                             html, re.S)
     }
     assert {
         "tests.unique_sleep",
@@ -235,14 +236,16 @@ def test_job_classes_lists_every_registered_job() -> None:
         "tests.recalculate_invoice",
     } <= set(rows)
     assert "UniqueUntilProcessingJob" in rows["tests.until_processing"]
-    assert "<td>1 min</td>" in rows["tests.unique_add"]
+    assert '<td class="nowrap">1 min</td>' in rows["tests.unique_add"]
     assert '<td class="ident">a</td>' in rows["tests.unique_add"]
     assert "unique_id()" in rows["tests.recalculate_invoice"]
     assert "raise" in rows["tests.recalculate_invoice"]
     assert "all arguments (item, seconds)" in rows["tests.unique_sleep"]
     assert "DebouncedJob" in rows["tests.debounce_slow"]
-    assert "<td>0.5 s</td>" in rows["tests.debounce_slow"]  # debounce_for, not rounded
-    assert "<td>1 s</td>\n        <td>3 s</td>" in rows["tests.debounce_record"]
+    # debounce_for, not rounded
+    assert '<td class="nowrap">0.5 s</td>' in rows["tests.debounce_slow"]
+    assert ('<td class="nowrap">1 s</td>\n        <td class="nowrap">3 s</td>'
+            in rows["tests.debounce_record"])
     assert "debounce_id()" in rows["tests.rebuild_index"]
 
 
@@ -255,7 +258,7 @@ def test_debounced_jobs_lists_a_pending_burst(listed_store: str) -> None:
         jobs_debounce.debounce_record.delay(7, value)
     jobs_debounce.debounce_record.delay(8, 0)
     client = login("viewer", "view_joblock")
-    html = client.get(DEBOUNCES).content.decode()
+    html = client.get(DEBOUNCES).content.decode().replace("<wbr>", "")
     row = re.search(
         r"<th class=\"field-job\">tests.debounce_record</th>\s*"
         r"<td class=\"ident\"[^>]*>item=7</td>(.*?)</tr>",
@@ -283,3 +286,44 @@ def test_show_args_false_hides_debounce_arguments(listed_store: str) -> None:
     assert "item=9" in html
     assert "secret-value" not in html
     assert "hidden (SHOW_ARGS = False)" in html
+
+
+@pytest.mark.django_db
+def test_job_classes_show_every_kind_and_its_limits() -> None:
+    """A1, T1-T3: Job classes names a ThrottledJob's kind and shows each job's limits in
+    the concurrency and throttle columns ("—" for a job with none)."""
+    html = login("viewer", "view_joblock").get(CLASSES).content.decode().replace("<wbr>", "")
+    rows = {
+        m.group(1): re.findall(r"<td[^>]*>(.*?)</td>", m.group(2), re.S)
+        for m in re.finditer(r"<th[^>]* title=\"[^\"]*\">([^<]+)</th>(.*?)</tr>", html, re.S)
+    }
+    assert rows["tests.two_at_once"][0] == "ThrottledJob"
+    assert rows["tests.two_at_once"][-2:] == ["2", "—"]
+    assert rows["tests.five_per_second"][-2:] == ["—", "5/s"]
+    assert rows["tests.unique_one_at_once"][0] == "UniqueJob"
+    assert rows["tests.unique_one_at_once"][-2:] == ["1", "—"]  # a UniqueJob's limit
+    assert rows["tests.unique_sleep"][-2:] == ["—", "—"]
+
+
+@pytest.mark.django_db
+def test_the_store_label_names_the_model_of_the_page() -> None:
+    """A1: the database store is labelled with the model each page lists."""
+    client = login("viewer", "view_joblock")
+    for url, model in ((LOCKS, "JobLock"), (DEBOUNCES, "PendingDebounce"),
+                       ("/admin/dedup_jobs/throttlekey/", "ThrottleKey")):
+        html = client.get(url, {"store": "database"}).content.decode()
+        assert f"<strong>database ({model} model)</strong>" in html, url
+
+
+def test_names_break_between_their_words() -> None:
+    """A1 layout: a task name may break after '.', ':' and '_' (a <wbr>), escaped; only a
+    word longer than any real one (24 characters) also breaks inside, every 12."""
+    from dedup_jobs.templatetags.dedup_admin import breakable, breakable_class
+
+    assert breakable("shop.tasks:rebuild_index.") == "shop.<wbr>tasks:<wbr>rebuild_<wbr>index."
+    assert breakable("<b>.x") == "&lt;b&gt;.<wbr>x"
+    assert breakable("tests.long_name_" + "x" * 30) == (
+        "tests.<wbr>long_<wbr>name_<wbr>" + "x" * 12 + "<wbr>" + "x" * 12 + "<wbr>" + "x" * 6)
+    assert breakable("recalculate_customer_invoice_totals") == (
+        "recalculate_<wbr>customer_<wbr>invoice_<wbr>totals")  # real words stay whole
+    assert breakable_class("UniqueUntilProcessingJob") == "Unique<wbr>Until<wbr>Processing<wbr>Job"

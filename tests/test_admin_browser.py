@@ -2,8 +2,9 @@
 Playwright): log in, see a dispatched job's lock, search, release it through the action and
 its confirmation page, and see a ``<script>`` argument shown as text (SPEC A1).
 
-Screenshots of the three pages go to ``$DEDUP_JOBS_SCREENSHOTS`` when set (the docs' images
-in docs/img/ are made that way), else to the test's temporary directory.
+Screenshots of the pages go to ``$DEDUP_JOBS_SCREENSHOTS`` when set, else to the test's
+temporary directory (the docs' images in docs/img/admin/ are made by
+``python -m tests.admin_screenshots``, through tests/test_admin_fit.py).
 """
 
 from __future__ import annotations

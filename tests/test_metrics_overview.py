@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from dedup_jobs import clock
+from dedup_jobs import clock, metrics
 from dedup_jobs.metrics import history, tally
 from dedup_jobs.metrics.models import DAY, MINUTE, DecisionCount
 from tests import jobs
@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
 
 def job_row(html: str, job: str) -> dict[str, int]:
+    html = html.replace("<wbr>", "")
     row = re.search(rf'<th class="field-job">{re.escape(job)}</th>(.*?)</tr>', html, re.S)
     assert row is not None, f"{job} not on the page"
     return {name: int(v) for name, v in re.findall(r'<td class="count (\w+)">(\d+)</td>',
@@ -39,7 +40,8 @@ def test_overview_shows_flushed_decisions() -> None:
     assert (row["prevented"], row["dispatched"], row["deduplicated"]) == (9, 3, 9)
     assert html.count("<svg viewBox") == 2
     assert html.count('<polyline class="outcome-deduplicated"') == 2
-    keys = re.findall(r'<td class="ident">([^<]*)</td><td class="count">(\d+)</td>', html)
+    keys = re.findall(r'<td class="ident"[^>]*>([^<]*)</td><td class="count prevented">(\d+)</td>',
+                      html)
     assert sorted(int(c) for _, c in keys) == [3, 3, 3]
     store = re.search(r"<tr><td>redis</td><td class=\"count\">(\d+)</td>", html)
     assert store is not None and int(store.group(1)) == 12
@@ -93,3 +95,63 @@ def test_overview_is_listed_first_in_the_section() -> None:
                        r'([^<]+)</a>', html)
     assert names == ["Activity overview", "Debounced jobs", "Held locks", "Job classes",
                      "Throttles"], names
+
+
+def key_rows(html: str) -> list[tuple[str, int, int]]:
+    """The busiest keys: (key, duplicates prevented, deferred), in the page's order."""
+    return [(key, int(prevented), int(deferred)) for key, prevented, deferred in re.findall(
+        r'<td class="ident"[^>]*>([^<]*)</td><td class="count prevented">(\d+)</td>'
+        r'<td class="count deferred">(\d+)</td>', html)]
+
+
+def test_each_column_counts_what_its_header_says() -> None:
+    """A5: duplicates prevented = deduplicated + superseded + replaced + skipped, and
+    nothing else; deferrals have their own column in the job's row and in the busiest keys
+    (a throttle key with 154 deferrals is not 154 duplicates prevented); a ThrottledJob's
+    dispatches are counted "dispatched"."""
+    from tests import jobs_throttle
+
+    tally.take()
+    job = jobs_throttle.two_at_once.name
+    for n in range(5):
+        jobs_throttle.two_at_once.delay(n % 2)
+    throttle_key = "dedup:throttle:tests.two_at_once:account=0"
+    for _ in range(154):
+        metrics.decision(job, "deferred", throttle_key)
+    for outcome, count in (("deduplicated", 4), ("superseded", 3), ("replaced", 2),
+                           ("skipped", 1), ("ran", 5)):
+        for _ in range(count):
+            metrics.decision(job, outcome, "dedup:unique:tests.two_at_once:x=1"
+                             if outcome != "ran" else None)
+    assert history.flusher.flush()
+    html = login("viewer", "view_joblock").get(OVERVIEW).content.decode()
+    row = job_row(html, job)
+    assert (row["dispatched"], row["prevented"], row["deferred"], row["ran"]) == (5, 10, 154, 5)
+    assert key_rows(html.replace("<wbr>", "")) == [
+        (throttle_key, 0, 154), ("dedup:unique:tests.two_at_once:x=1", 10, 0)]
+
+
+def test_the_recent_chart_follows_the_activity() -> None:
+    """A5: decisions of the last two minutes are drawn over the last 2 minutes in 10-second
+    bins (a burst 90 s ago and one now in bins of their own), not as one spike at the right
+    edge of an empty hour; the day chart spans the day's activity (here: 3 hours)."""
+    tally.take()
+    now = clock.now()
+    from dedup_jobs.metrics.tally import Taken
+
+    earlier = Taken()  # a flush 90 s ago
+    earlier.decisions[("tests.unique_sleep", "dispatched")] = 7
+    history.write(earlier, now - 90)
+    for _ in range(3):
+        metrics.decision("tests.unique_sleep", "dispatched")
+    assert history.flusher.flush()
+    html = login("viewer", "view_joblock").get(OVERVIEW).content.decode()
+    captions = re.findall(r"<figcaption><strong>([^<]+)</strong>: decisions per ([^(]+) \(peak "
+                          r"(\d+)\)", html)
+    assert captions[0] == ("Last 2 min", "10 s", "7"), captions
+    assert captions[1][:2] == ("Last 3 h", "5 min"), captions
+    recent = re.search(r'<polyline class="outcome-dispatched" points="([^"]+)"', html)
+    assert recent is not None
+    heights = [float(point.split(",")[1]) for point in recent.group(1).split()]
+    assert len(heights) == 12  # 2 minutes of 10-second bins
+    assert sum(1 for h in heights if h < max(heights)) == 2  # two bins above zero

@@ -1,4 +1,4 @@
-"""What the three admin pages share: view permission, one URL per page, the stores to list."""
+"""What the admin pages share: view permission, one URL per page, the stores to list."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ PAGES = (
 
 
 def can_view(request: HttpRequest) -> bool:
-    """One permission opens all three pages: view (or change) on held locks."""
+    """One permission opens every page of the section: view (or change) on held locks."""
     user: Any = request.user
     return bool(
         user.is_active
@@ -104,9 +104,11 @@ class StoreChoice:
     problem: str  # why this store cannot be listed ("" when it can)
 
 
-def store_choice(alias: str) -> StoreChoice:
+def store_choice(alias: str, model: str = "JobLock") -> StoreChoice:
+    """The store ``alias``, labelled; ``model``: the database store's model the page lists
+    (JobLock, PendingDebounce, ThrottleKey)."""
     if alias == DATABASE:
-        label = "database (JobLock model)"
+        label = f"database ({model} model)"
     else:
         backend = getattr(settings, "CACHES", {}).get(alias, {}).get("BACKEND", "?")
         label = f"{alias} ({BACKEND_NAMES.get(backend, backend.rsplit('.', 1)[-1])})"
@@ -173,13 +175,14 @@ def truncate(text: str, limit: int = ARGS_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def chosen_store(request: HttpRequest, aliases: list[str]) -> StoreChoice:
-    """The store named by ``?store=`` (one of ``aliases``), else the first."""
+def chosen_store(request: HttpRequest, aliases: list[str], model: str = "JobLock") -> StoreChoice:
+    """The store named by ``?store=`` (one of ``aliases``), else the first (``model``: see
+    :func:`store_choice`)."""
     alias = request.GET.get("store") or aliases[0]
     if alias not in aliases:
         messages.error(request, f"Unknown store {alias!r}; showing {aliases[0]!r}.")
         alias = aliases[0]
-    return store_choice(alias)
+    return store_choice(alias, model)
 
 
 def listing(

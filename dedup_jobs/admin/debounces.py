@@ -143,7 +143,7 @@ class PendingDebounceAdmin(ActionPageAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         jobs, aliases = listed_jobs()
-        choice = chosen_store(request, aliases)
+        choice = chosen_store(request, aliases, "PendingDebounce")
         if request.method == "POST":
             return self.post_action(request, choice.store)
         page, now, shared = listing(

@@ -39,6 +39,27 @@ def _seconds(value: Any, default: float | None = None) -> str:
     return duration(seconds) if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
 
 
+def limit(value: Any) -> str:
+    """A throttle option (T2, T3) as the page shows it: its value, "per call" for a method
+    (L1: it takes the call's arguments), "" when unset."""
+    if value is None:
+        return ""
+    return "per call" if callable(value) else str(value)
+
+
+def throttle_key(job: DedupJob) -> str:
+    """What the job's limits count by (T1), for the title of its limit cells."""
+    if not job.throttled():
+        return ""
+    if getattr(job, "throttle_id", None) is not None:
+        by = "throttle_id()"
+    elif job.throttle_on:
+        by = ", ".join(job.throttle_on)
+    else:
+        by = "the task name alone (one limit for the job)"
+    return f"per throttle key: {by}"
+
+
 def describe(job: DedupJob) -> dict[str, Any]:
     try:
         store = job.store_alias()
@@ -57,6 +78,9 @@ def describe(job: DedupJob) -> dict[str, Any]:
         "key_fields": key_fields(job),
         "on_duplicate": getattr(job, "on_duplicate", "") if unique else "",
         "flow": flow.option_lines(job),
+        "concurrency": limit(job.concurrency),
+        "throttle": limit(job.throttle),
+        "throttle_key": throttle_key(job),
         "path": f"{type(job).__module__}.{type(job).__qualname__}",
     }
 

@@ -29,7 +29,7 @@ class ThrottleAdmin(PageAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         jobs, aliases = listed_jobs()
-        choice = chosen_store(request, aliases)
+        choice = chosen_store(request, aliases, "ThrottleKey")
         page, _now, shared = listing(request, kind="throttle", jobs=jobs, aliases=aliases,
                                      choice=choice, read="throttle_page")
         if (moved := redirect_to(shared)) is not None:

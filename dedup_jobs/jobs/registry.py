@@ -51,10 +51,12 @@ def job_named(name: str) -> DedupJob | None:
 
 
 def kind_label(job: DedupJob) -> str:
-    """The job's base class as the user wrote it: UniqueJob, UniqueUntilProcessingJob, ..."""
-    from dedup_jobs import DebouncedJob, UniqueJob, UniqueUntilProcessingJob
+    """The job's base class as the user wrote it: UniqueJob, UniqueUntilProcessingJob,
+    DebouncedJob, ThrottledJob (a class of the user's own that is none of them: its name)."""
+    from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob, UniqueUntilProcessingJob
 
-    bases: tuple[type[DedupJob], ...] = (UniqueUntilProcessingJob, UniqueJob, DebouncedJob)
+    bases: tuple[type[DedupJob], ...] = (UniqueUntilProcessingJob, UniqueJob, DebouncedJob,
+                                         ThrottledJob)
     for base in bases:
         if isinstance(job, base):
             return str(base.__name__)

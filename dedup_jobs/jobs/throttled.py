@@ -47,14 +47,20 @@ class ThrottledJob(DedupJob):
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
         **options: Any,
     ) -> AsyncResult[Any]:
-        if task_id is not None and task_id == self.request.id:
+        retry = task_id is not None and task_id == self.request.id
+        if retry:
             # a retry (same id) keeps the slot of the attempt that is ending (T2)
             self.request.update(dedup_slot_kept=True)
         elif getattr(self, "throttle_id", None) is not None:
             # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused here,
             # naming the hook, rather than running unthrottled at the worker
             self.throttle_key(args, kwargs)
-        return super().apply_async(args, kwargs, task_id, **options)
+        result = super().apply_async(args, kwargs, task_id, **options)
+        if not retry:
+            # A5: a dispatch published (a deferral's re-publish is counted "deferred" and
+            # goes through DedupJob.apply_async; a retry is not a dispatch)
+            metrics.decision(self.name, "dispatched")
+        return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 from dedup_jobs.conf import app_settings
@@ -103,27 +104,31 @@ class Flusher:
         return True
 
 
-def _add(model: Any, lookup: dict[str, Any], count: int, **extra: Any) -> None:
-    """``count`` more on the row at ``lookup`` (made if missing; a racing insert of another
-    process is met by adding to its row)."""
+def _add(model: Any, lookup: dict[str, Any], count: int, field: str = "count",
+         **extra: Any) -> None:
+    """``count`` more in ``field`` of the row at ``lookup`` (made if missing; a racing insert
+    of another process is met by adding to its row)."""
     from django.db import IntegrityError, transaction
     from django.db.models import F
 
-    if model.objects.filter(**lookup).update(count=F("count") + count):
+    if model.objects.filter(**lookup).update(**{field: F(field) + count}):
         return
     try:
         with transaction.atomic():
-            model.objects.create(**lookup, count=count, **extra)
+            model.objects.create(**lookup, **{field: count}, **extra)
     except IntegrityError:
-        model.objects.filter(**lookup).update(count=F("count") + count)
+        model.objects.filter(**lookup).update(**{field: F(field) + count})
 
 
 def write(taken: Taken, now: float) -> None:
-    """Add one flush's counts to the history buckets of ``now``."""
+    """Add one flush's counts to the history: each decision to the buckets of when it was
+    counted (``taken.timed``, to FINE_SECONDS), any counted without a time to those of
+    ``now``."""
     from django.db import transaction
 
     from dedup_jobs.metrics.models import (
         DAY,
+        FINE,
         HOUR,
         MINUTE,
         DecisionCount,
@@ -134,15 +139,27 @@ def write(taken: Taken, now: float) -> None:
 
     minute = int(now // MINUTE * MINUTE)
     with transaction.atomic():
-        for (job, outcome), count in taken.decisions.items():
-            for resolution in (MINUTE, HOUR, DAY):
-                start = int(now // resolution * resolution)
-                _add(DecisionCount, {"resolution": resolution, "start": start, "job": job,
-                                     "outcome": outcome}, count)
+        untimed = Counter(taken.decisions)
+        buckets: Counter[tuple[int, int, str, str]] = Counter()
+        for (job, outcome, counted), count in taken.timed.items():
+            untimed[(job, outcome)] -= count
+            for resolution in (FINE, MINUTE, HOUR, DAY):
+                buckets[(resolution, int(counted // resolution * resolution), job,
+                         outcome)] += count
+        for (job, outcome), count in untimed.items():
+            for resolution in (FINE, MINUTE, HOUR, DAY):
+                if count > 0:
+                    buckets[(resolution, int(now // resolution * resolution), job,
+                             outcome)] += count
+        for (resolution, start, job, outcome), count in buckets.items():
+            _add(DecisionCount, {"resolution": resolution, "start": start, "job": job,
+                                 "outcome": outcome}, count)
         hour = int(now // HOUR * HOUR)
-        for (job, key), count in taken.keys.most_common(KEYS_PER_FLUSH):
-            digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()
-            _add(KeyCount, {"start": hour, "digest": digest}, count, job=job, key=key)
+        for field, keys in (("count", taken.keys), ("deferred", taken.deferred_keys)):
+            for (job, key), count in keys.most_common(KEYS_PER_FLUSH):
+                digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()
+                _add(KeyCount, {"start": hour, "digest": digest}, count, field, job=job,
+                     key=key)
         for alias, counts in taken.latency.items():
             for slot, count in enumerate(counts):
                 if count:

@@ -1,21 +1,21 @@
 """The admin Overview's history (A5): what every process counted, flushed in time buckets by
-:mod:`dedup_jobs.metrics.history`. Bounded: minute buckets are kept a day, hour buckets 31
-days, day buckets a year; key counts and store latency a day (docs/monitoring.md says what
-a year costs)."""
+:mod:`dedup_jobs.metrics.history`. Bounded: 10-second buckets are kept an hour, minute
+buckets a day, hour buckets 31 days, day buckets a year; key counts and store latency a
+day (docs/monitoring.md says what a year costs)."""
 
 from __future__ import annotations
 
 from django.db import models
 
-MINUTE, HOUR, DAY = 60, 3600, 86400
+FINE, MINUTE, HOUR, DAY = 10, 60, 3600, 86400
 #: seconds each resolution's buckets are kept
-KEEP = {MINUTE: DAY, HOUR: 31 * DAY, DAY: 366 * DAY}
+KEEP = {FINE: HOUR, MINUTE: DAY, HOUR: 31 * DAY, DAY: 366 * DAY}
 
 
 class DecisionCount(models.Model):
     """Decisions of one job with one outcome in one bucket, summed over every process."""
 
-    resolution = models.PositiveIntegerField()  # MINUTE, HOUR or DAY
+    resolution = models.PositiveIntegerField()  # FINE, MINUTE, HOUR or DAY
     start = models.BigIntegerField()  # epoch seconds the bucket starts at
     job = models.CharField(max_length=255)
     outcome = models.CharField(max_length=32)
@@ -32,13 +32,15 @@ class DecisionCount(models.Model):
 
 
 class KeyCount(models.Model):
-    """Duplicates prevented (deduplicated, skipped, superseded, ...) at one key in one hour."""
+    """Decisions at one key in one hour: ``count`` duplicates prevented (deduplicated,
+    skipped, superseded, replaced), ``deferred`` deferrals (a message re-published to wait)."""
 
     start = models.BigIntegerField()  # epoch seconds of the hour
     digest = models.CharField(max_length=40)  # sha1 of the key: keys may be long
     job = models.CharField(max_length=255)
     key = models.TextField()
     count = models.BigIntegerField(default=0)
+    deferred = models.BigIntegerField(default=0)
 
     class Meta:
         app_label = "dedup_jobs"

@@ -35,6 +35,9 @@ MAX_KEYS = 1000
 FOLD_AT = 4096
 #: seconds between two folds by the metrics thread
 FOLD_SECONDS = 0.1
+#: seconds of the finest time buckets of the history (the Overview's recent chart): each
+#: decision is put in the bucket of the fold that counted it (at most FOLD_SECONDS late)
+FINE_SECONDS = 10
 
 
 @dataclass(kw_only=True)
@@ -43,11 +46,16 @@ class Taken:
 
     decisions: Counter[tuple[str, str]] = field(default_factory=Counter)  # (job, outcome)
     keys: Counter[tuple[str, str]] = field(default_factory=Counter)  # (job, key): duplicates
+    #: (job, key): deferrals (kept apart from the duplicates prevented)
+    deferred_keys: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: (job, outcome, start of its FINE_SECONDS bucket): when the decisions were counted
+    timed: Counter[tuple[str, str, int]] = field(default_factory=Counter)
     latency: dict[str, list[int]] = field(default_factory=dict)  # store alias: bucket counts
     last_error: tuple[float, str, str] | None = None  # (epoch seconds, store alias, message)
 
     def empty(self) -> bool:
-        return not (self.decisions or self.keys or self.latency or self.last_error)
+        return not (self.decisions or self.keys or self.deferred_keys or self.timed
+                    or self.latency or self.last_error)
 
 
 class Tally:
@@ -79,6 +87,8 @@ class Tally:
         #: one +Inf), then the sum of their seconds
         self.calls: dict[tuple[str, str], list[float]] = {}
         self._keys: Counter[tuple[str, str]] = Counter()  # since the last take
+        self._deferred_keys: Counter[tuple[str, str]] = Counter()  # since the last take
+        self._timed: Counter[tuple[str, str, int]] = Counter()  # since the last take
         self._error: tuple[float, str, str] | None = None  # since the last take
         # what the last take saw of totals and calls (the next one hands on the difference)
         self._taken: dict[tuple[str, str], int] = {}
@@ -116,14 +126,13 @@ class Tally:
         decided = _drain(self.decided)
         if decided:
             self.totals.update([(job, outcome) for job, outcome, _key in decided])
-            keyed = [(job, key) for job, _outcome, key in decided if key is not None]
-            keys = self._keys
-            if len(keys) + len(keyed) <= MAX_KEYS:
-                keys.update(keyed)
-            else:
-                for pair in keyed:
-                    if len(keys) < MAX_KEYS or pair in keys:
-                        keys[pair] += 1
+            start = int(time.time() // FINE_SECONDS * FINE_SECONDS)
+            self._timed.update([(job, outcome, start) for job, outcome, _key in decided])
+            keyed = [(job, key) for job, outcome, key in decided
+                     if key is not None and outcome != "deferred"]
+            _count_keys(self._keys, keyed)
+            _count_keys(self._deferred_keys, [(job, key) for job, outcome, key in decided
+                                              if key is not None and outcome == "deferred"])
         for label, queue in list(self.timings.items()):
             seconds = _drain(queue)
             if seconds:
@@ -163,6 +172,7 @@ class Tally:
             queue.clear()
         self._taken, self._taken_calls = self.snapshot()
         self._keys, self._error, self._given_back = Counter(), None, None
+        self._deferred_keys, self._timed = Counter(), Counter()
 
     def take(self) -> Taken:
         """Everything counted since the last take (the difference of the running totals)."""
@@ -171,9 +181,11 @@ class Tally:
             totals = dict(self.totals)
             calls = {name: list(counts) for name, counts in self.calls.items()}
             keys, self._keys = self._keys, Counter()
+            deferred_keys, self._deferred_keys = self._deferred_keys, Counter()
+            timed, self._timed = self._timed, Counter()
             error, self._error = self._error, None
             back, self._given_back = self._given_back, None
-        taken = Taken(keys=keys, last_error=error)
+        taken = Taken(keys=keys, deferred_keys=deferred_keys, timed=timed, last_error=error)
         last = self._taken
         for name, count in totals.items():
             if count != last.get(name, 0):
@@ -199,6 +211,16 @@ class Tally:
                 merge(self._given_back, taken)
 
 
+def _count_keys(keys: Counter[tuple[str, str]], keyed: list[tuple[str, str]]) -> None:
+    """Add ``keyed`` to ``keys``, remembering at most MAX_KEYS distinct keys."""
+    if len(keys) + len(keyed) <= MAX_KEYS:
+        keys.update(keyed)
+        return
+    for pair in keyed:
+        if len(keys) < MAX_KEYS or pair in keys:
+            keys[pair] += 1
+
+
 def _drain(queue: deque[Any]) -> list[Any]:
     """Take what ``queue`` holds now (appends made meanwhile stay for the next drain)."""
     take = queue.popleft
@@ -209,6 +231,8 @@ def merge(into: Taken, other: Taken) -> None:
     """Add ``other``'s counts to ``into``."""
     into.decisions.update(other.decisions)
     into.keys.update(other.keys)
+    into.deferred_keys.update(other.deferred_keys)
+    into.timed.update(other.timed)
     for alias, counts in other.latency.items():
         mine = into.latency.setdefault(alias, [0] * len(counts))
         for slot, count in enumerate(counts):
