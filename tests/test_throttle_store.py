@@ -247,3 +247,20 @@ def test_admission_resent_after_its_task_was_admitted_again(store_name: str) -> 
         late = admit(store, key, "g1", nonce, n=2)
         assert (late.admitted, late.reason) == (False, RELEASED)
     assert _running(store, key) == 1
+
+
+def test_admission_of_a_slot_its_task_holds_already_says_so(store_name: str) -> None:
+    """W5/T2: a second delivery of g1 (a new nonce) admitted while g1's first run holds its
+    slot is told so (``held``): a copy put off by W5 then leaves the slot to that run rather
+    than releasing it (the run would go on outside the limit). A message admitted once is
+    not ``held``."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((12,), {})
+    first = admit(store, key, "g1", "n1", n=1)
+    assert (first.admitted, first.held) == (True, False)
+    copy = admit(store, key, "g1", "n2", n=1)  # the copy, while the first run holds the slot
+    assert (copy.admitted, copy.held) == (True, True)
+    assert _running(store, key) == 1
+    assert not admit(store, key, "g2", n=1).admitted  # still one run at once
+    assert store.throttle_release(key, "g1")
+    assert _running(store, key) == 0

@@ -66,6 +66,10 @@ DEFERRED = "deferred"
 NONCE = "nonce"
 
 
+class PutOff(Ignore):
+    """W5: this delivery waits for its first delivery's run (re-published); ends as Ignore."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Admitted:
     """What :func:`admit` let through."""
@@ -125,8 +129,12 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered}))
     try:
         admitted = check_lock(job, args, kwargs, key, alias, store, header, redelivered)
+    except PutOff:  # W5: a slot held already is the live first run's: it releases it
+        if slot is None or not slot.held:
+            release_slot(job.name, slot)
+        raise
     except BaseException:
-        release_slot(job.name, slot)  # the lock check ended it: skipped, put off, deferred
+        release_slot(job.name, slot)  # the lock check ended it: skipped, deferred
         raise
     if not admitted.run or slot is None:
         release_slot(job.name, slot)  # skipped inside a group or chord: it does not run
@@ -248,7 +256,8 @@ def admit_throttle(
         return Slot(store=store, key=key, owner=owner, limit=concurrency,
                     resend=lambda through: ask(through).admitted) if concurrency else None
     if answer.admitted:
-        return Slot(store=store, key=key, owner=owner, limit=concurrency) if concurrency else None
+        return Slot(store=store, key=key, owner=owner, limit=concurrency,
+                    held=answer.held) if concurrency else None
     # The store's answer holds the jitter (T2: up to a quarter of a wait for a slot, at most
     # 1 s, part of the waiter's turn; T3: none, the reserved start times are spread already)
     wait = max(0.0, answer.until - clock.now())
@@ -375,7 +384,7 @@ def put_off(
     logger.warning("%s[%s]: another delivery of this message is running; this copy waits "
                    "%.1fs.", job.name, request.id, countdown)
     republish(job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered})
-    raise Ignore()
+    raise PutOff()
 
 
 def skip(job: UniqueJob, key: JobKey, holder: str) -> bool:

@@ -149,6 +149,9 @@ class Slot:
     #: W4: the admission whose reply was lost (the slot may or may not be held), re-sent by
     #: the lease thread until the store answers; it returns whether a slot was granted
     resend: Callable[[Any], bool] | None = None
+    #: admitted into a slot its task id held already (a retry's, or a live first delivery's:
+    #: a copy put off by W5 leaves it to that run, see ``admission.PutOff``)
+    held: bool = False
 
 
 def release_slot(job_name: str, slot: Slot | None) -> None:

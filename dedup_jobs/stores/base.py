@@ -124,6 +124,9 @@ class Admission:
     #: superseded already (a re-sent or late admission changes nothing, issue 21's fates)
     reason: str = ""
     until: float = 0.0  # deferred: when to try again (epoch seconds, the store's clock)
+    #: admitted into a slot its owner (this task id) held already: a retry that kept it, or
+    #: another delivery of this message still running (W5: a copy put off leaves it be)
+    held: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

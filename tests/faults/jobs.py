@@ -150,8 +150,26 @@ def fault_acks_late(self: UniqueJob, token: str, gate: str = "") -> str:
     return token
 
 
+@shared_task(
+    bind=True,
+    base=UniqueJob,
+    unique_for=60,
+    unique_on=("token", "value"),
+    throttle_on=("token",),
+    concurrency=1,
+    acks_late=True,
+    name="tests.faults.acks_late_one_at_once",
+)
+def fault_acks_late_one_at_once(self: UniqueJob, token: str, value: int = 0,
+                                gate: str = "") -> int:
+    """fault_acks_late with one run at once per ``token`` (T2; its lock per token and value)."""
+    _body(self, token, 0.0, gate, value)
+    return value
+
+
 #: the jobs whose every delivery is recorded (event "delivery")
-DELIVERIES_OF = {fault_acks_late.name, fault_two_at_once.name, fault_five_per_second.name}
+DELIVERIES_OF = {fault_acks_late.name, fault_acks_late_one_at_once.name,
+                 fault_two_at_once.name, fault_five_per_second.name}
 
 
 @task_prerun.connect(weak=False, dispatch_uid="tests.faults.jobs.deliveries")

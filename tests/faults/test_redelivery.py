@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.jobs import bodies, fault_acks_late, marks, overlaps
+from dedup_jobs.stores import get_store
+from tests.faults.jobs import bodies, fault_acks_late, fault_acks_late_one_at_once, marks, overlaps
 from tests.guard_support import (
     BROKERS,
     QUEUE,
@@ -139,3 +140,43 @@ def test_copy_of_a_killed_worker_runs_once_its_lease_expired(app: Any) -> None:
         f"the copy started {held.expires_at - copy['start']:.1f}s before the killed run's "
         f"lease expired: bodies (id, pid, redelivered, start, end) {_table(t)}"
     )
+
+
+def _slots(task: Any, *args: Any) -> int:
+    """The concurrency slots held at the throttle key of ``task(*args)`` (T5's count)."""
+    key = task.throttle_key(args, {})
+    store = get_store(task.throttle_alias())
+    page = store.throttle_page(offset=0, limit=100, task_name=key.task_name, now=time.time())
+    return sum(item.running for item in page.items if item.key == key.key)
+
+
+def test_copy_put_off_leaves_the_first_runs_slot_held(app: Any) -> None:
+    """W5 + T2: the broker's copy of a running message (same task id) is admitted into the
+    first run's concurrency slot and put off; it must not release that slot on its way out,
+    or the first run goes on outside the limit and another message of the throttle key runs
+    beside it. ``concurrency = 1``, LEASE_SECONDS = 3 (the copy comes back every second)."""
+    t = token()
+    queue = f"{QUEUE}-w5slot-{t}"
+    reset_queue(app, URL, queue)
+    job = fault_acks_late_one_at_once
+    with publishing_to(app, URL), worker(queue, 3.0, concurrency=1):
+        first = job.apply_async((t,), {"value": 0, "gate": t}, queue=queue)
+        wait_for(lambda: bodies(t), timeout=30)
+        with worker(queue, 3.0, concurrency=2):
+            # the broker's copy, then the copy it re-published after being put off: the
+            # first put-off (its release, if any) is over by then
+            wait_for(lambda: len([d for d in marks(t, "delivery")
+                                  if d["task_id"] == first.id]) >= 3, timeout=30)
+            held = _slots(job, t)
+            other = job.apply_async((t,), {"value": 1, "gate": t}, queue=queue)
+            # the other message is decided: deferred (it comes back: a second delivery) or run
+            wait_for(lambda: len([d for d in marks(t, "delivery")
+                                  if d["task_id"] == other.id]) >= 2
+                     or any(b["task_id"] == other.id for b in bodies(t)), timeout=30)
+            during = _table(t)
+            open_gate(t)
+            assert first.get(timeout=30) == 0 and other.get(timeout=30) == 1
+    assert held == 1, f"the first run's slot was freed by its put-off copy: {held} held"
+    assert len(during) == 1 and not overlaps(t), (
+        f"a second run of the throttle key ran beside the first (concurrency = 1): bodies "
+        f"(id, pid, redelivered, start, end) {during}")

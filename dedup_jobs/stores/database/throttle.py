@@ -149,7 +149,7 @@ class DatabaseThrottleMixin:
                     self._put(pk, SLOT, owner, now, now + lease)
                 mine.filter(kind=WAIT, member=owner).delete()
                 self._grant(pk, mine, owner, delivery, now, lease, ttl)
-            return Admission(admitted=True)
+            return Admission(admitted=True, held=holds)
 
     def _wait_for_slot(self, pk: int, mine: Any, owner: str, n: int, now: float,
                        lease: float, margin: float) -> float | None:

@@ -84,7 +84,7 @@ class RedisThrottleMixin:
                 rate_period=rate_period, lease=lease, deadline_ms=self.deadline_ms(),
             ), key.task_name)
             if answer[0] == 1:
-                return Admission(admitted=True)
+                return Admission(admitted=True, held=len(answer) > 2 and answer[2] == 1)
             if answer[0] == 3:  # a grant released or superseded already (S7, fates)
                 return Admission(admitted=False, reason=RELEASED, until=time.time())
             if answer[0] == 0:

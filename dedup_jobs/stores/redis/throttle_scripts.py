@@ -46,7 +46,8 @@ from dedup_jobs.stores.redis.trim import trim_lua
 # free slot, and a message deferred meanwhile is planned at least the held-back factor x
 # that waiter's lateness from now (at most a quarter of the longest wait), to come back
 # after the burst.
-# Returns {1, now} admitted (a slot taken or kept, the start recorded), {0, "concurrency" |
+# Returns {1, now} admitted (a slot taken or kept, the start recorded; {1, now, 1}: the slot
+# was its owner's already, a retry's or another live delivery's, W5), {0, "concurrency" |
 # "throttle", until ms, now} deferred, {2, now} run past the deadline (nothing changed), {3,
 # now} the grant of this nonce was released or superseded already (nothing changed). A
 # re-send answers as the first: the start is known by its nonce, the slot by its owner, a
@@ -193,6 +194,7 @@ if n > 0 then
   redis.call('ZREM', KEYS[3], owner)
 end
 keep()
+if holds then return {1, now, 1} end
 return {1, now}
 """
 
