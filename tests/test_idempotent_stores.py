@@ -18,11 +18,14 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, BaseStore, encode_call
-from tests.conftest import LOCMEM, store_fixture
+from tests.conftest import LOCMEM, MARIADB, POSTGRES, store_fixture
 
 pytestmark = pytest.mark.django_db(databases="__all__")
 
-store_name = store_fixture([LOCMEM, pytest.param("memcached", id="memcached")])
+store_name = store_fixture([
+    LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
+    pytest.param("memcached", id="memcached"),
+])
 
 LOCK = build_key("unique", "tests.idempotent_stores", "item=1")
 BURST = build_key("debounce", "tests.idempotent_stores", "item=1")

@@ -323,7 +323,8 @@ def test_redis_times_come_from_the_server_clock(
 @override_settings(DEDUP_JOBS={"STORE": "database"})
 def test_database_release_is_one_delete_even_with_delete_receivers() -> None:
     """U4: release stays a single compare-and-delete statement when the project connects
-    pre/post_delete receivers (which turn QuerySet.delete() into select-then-delete)."""
+    pre/post_delete receivers (which turn QuerySet.delete() into select-then-delete): one
+    UPDATE that expires the owner's row, leaving it as the release's S7 tombstone."""
     from django.db.models.signals import pre_delete
 
     def receiver(**kwargs: Any) -> None:
@@ -337,7 +338,7 @@ def test_database_release_is_one_delete_even_with_delete_receivers() -> None:
         with CaptureQueriesContext(connections["default"]) as queries:
             assert store.release(key, "b") is False
             assert store.release(key, "a") is True
-        assert [q["sql"].split()[0] for q in queries] == ["DELETE", "DELETE"]
+        assert [q["sql"].split()[0] for q in queries] == ["UPDATE", "UPDATE"]
     finally:
         pre_delete.disconnect(receiver)
 

@@ -125,6 +125,18 @@ ON DUPLICATE KEY UPDATE
 """,
 }
 
+# Release (U4, S7): compare-and-"delete" that leaves the row expired as a tombstone of its owner
+# ("released" in the nonce), so that the release made again after a lost reply answers True
+# (its row is matched again, unchanged) for {ago} = the tombstone's life; a new acquire takes
+# the expired row as any free one. Parameters: the {now} ones, key, owner, the {now} ones, the
+# {ago} ones. (MySQL/MariaDB: expires_at is assigned first, reading the old nonce.)
+RELEASE = """
+UPDATE {t} SET expires_at = CASE WHEN nonce = 'released' THEN expires_at ELSE {now} END,
+  nonce = 'released'
+WHERE {k} = %s AND owner = %s
+  AND (expires_at > {now} OR (nonce = 'released' AND expires_at > {ago}))
+"""
+
 # -- debounce -------------------------------------------------------------------------------
 
 DEBOUNCE_COLUMNS = (
@@ -201,6 +213,16 @@ CLAIM_DELETE = """
 DELETE FROM {t} WHERE {k} = %s AND message_id = %s AND runs_at <= %s
 RETURNING latest_id, payload, absorbed
 """
+
+
+def in_time(values: str, now: str, form: str) -> str:
+    """S7: the row a dispatch upsert inserts (``VALUES (…)``) as a ``SELECT`` of it that
+    yields nothing once the server's now is past the caller's deadline (one more parameter,
+    after the values' and ``now``'s): the statement then inserts and updates nothing, and
+    returns no row."""
+    assert values.startswith("VALUES (") and values.endswith(")"), values
+    dual = " FROM DUAL" if template(form) == "duplicate_key" else ""
+    return f"SELECT {values[len('VALUES ('):-1]}{dual} WHERE {now} <= %s"
 
 
 def dialect(connection: BaseDatabaseWrapper) -> str | None:
