@@ -115,23 +115,30 @@ class RowLockingMixin:
 
     def _debounce_locked(self, key: JobKey, fresh: dict[str, Any], life: float) -> tuple[str, str]:
         """Absorb the dispatch into the locked row, start over on an expired one (by the
-        server's clock), or create the row."""
+        server's clock), or create the row: (the burst's message id, its dispatch ids). A
+        dispatch in the row already (made again, S7) changes nothing; past the caller's
+        deadline (on the server's clock) nothing is written."""
         rows = PendingDebounce.objects.using(self.using)
-        stale_before = fresh["stale_before"]
-        fresh = {name: value for name, value in fresh.items() if name != "stale_before"}
+        stale_before, deadline = fresh["stale_before"], fresh["deadline_ms"]
+        fresh = {name: value for name, value in fresh.items()
+                 if name not in ("stale_before", "deadline_ms")}
         fresh["expires_at"] = ServerNow(life)
         for _ in range(ATTEMPTS):
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is not None:
+                    if fresh["latest_id"] in row.absorbed.split(","):
+                        return row.message_id, row.absorbed  # made again (S7): as it is
+                    if row.server_now > clock.db_datetime(deadline / 1000):  # type: ignore[attr-defined]
+                        raise self._refused(deadline)  # S7: a late dispatch changes nothing
                     if (row.expires_at <= row.server_now  # type: ignore[attr-defined]
                             or row.runs_at < stale_before):
                         # expired, or stale (D9): start over, adopting the burst's ids
                         absorbed = f"{row.absorbed},{fresh['absorbed']}"
                         rows.filter(pk=row.pk).update(**{**fresh, "absorbed": absorbed,
                                                           "previous_payload": ""})
-                        return fresh["message_id"], ""
+                        return fresh["message_id"], absorbed
                     run_at = fresh["run_at"]
                     rows.filter(pk=row.pk).update(
                         superseded_id=row.latest_id,
@@ -145,11 +152,14 @@ class RowLockingMixin:
                         expires_at=fresh["expires_at"],
                         absorbed=f"{row.absorbed},{fresh['latest_id']}",
                     )
-                    return row.message_id, row.latest_id
+                    return row.message_id, f"{row.absorbed},{fresh['latest_id']}"
             try:
                 with transaction.atomic(using=self.using):
+                    if self._server_past(deadline):
+                        raise self._refused(deadline)
                     rows.create(key=key.key, **fresh)
-                return fresh["message_id"], ""
+                return fresh["message_id"], fresh["absorbed"]
             except IntegrityError:
                 continue  # created meanwhile: absorb into that row
-        return fresh["message_id"], ""  # the row kept flapping: publish (fail open)
+        # the row kept flapping: publish (fail open)
+        return fresh["message_id"], fresh["absorbed"]

@@ -203,9 +203,44 @@ ON DUPLICATE KEY UPDATE
 }
 STALE = "({t}.expires_at <= {now} OR {t}.runs_at < %s)"
 
+# S7: the dispatch is in the burst already (made again after a lost reply): the row stays as it
+# is, and its answer is read from the ids it returns (``absorbed``).
+RESENT = {
+    "on_conflict": "(replace(',' || {t}.absorbed || ',', ',' || EXCLUDED.latest_id || ',', '')"
+                   " <> ',' || {t}.absorbed || ',')",
+    "duplicate_key": "(REPLACE(CONCAT(',', {t}.absorbed, ','), CONCAT(',', VALUES(latest_id),"
+                     " ','), '') <> CONCAT(',', {t}.absorbed, ','))",
+}
+
+
+def _unless_resent(upsert: str, form: str) -> str:
+    """``upsert`` with each assignment kept as the row has it when the dispatch is in the
+    burst already (RESENT); on MySQL/MariaDB ``absorbed``, which RESENT reads, is assigned
+    last (the assignments see the ones before them)."""
+    head, marker, body = upsert.partition("UPDATE SET\n" if form == "on_conflict"
+                                          else "UPDATE\n")
+    chunks: list[list[str]] = []
+    for line in body.strip("\n").split("\n"):
+        if line.startswith("  ") and not line.startswith("   "):
+            chunks.append([line.strip()])
+        else:
+            chunks[-1].append(line.strip())
+    assignments = []
+    for chunk in chunks:
+        column, _, expr = " ".join(chunk).rstrip(",").partition(" = ")
+        assignments.append((column, expr))
+    assignments.sort(key=lambda item: item[0] == "absorbed")
+    resent = RESENT[form]
+    return head + marker + ",\n".join(
+        f"  {column} = CASE WHEN {resent} THEN {{t}}.{column} ELSE {expr} END"
+        for column, expr in assignments) + "\n"
+
+
+DEBOUNCE_UPSERT = {form: _unless_resent(text, form) for form, text in DEBOUNCE_UPSERT.items()}
+
 #: the columns each decision reads back (RETURNING, or the SELECT after it)
 LOCK_RESULT = "owner, nonce"
-DEBOUNCE_RESULT = "message_id, superseded_id"
+DEBOUNCE_RESULT = "message_id, absorbed"
 
 # Claim a due burst of this message (due by the caller's clock, as its countdown was): the row
 # goes, its latest arguments and ids come back.
