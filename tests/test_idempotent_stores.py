@@ -149,3 +149,14 @@ def test_debounce_resent_after_its_burst_ran_starts_nothing(
     again = debounce(store, "b", 2)
     assert not again.new and again.message_id == "a"
     assert store.get_debounce(BURST) is None
+
+
+def test_acquire_resent_with_an_explicit_id_answers_taken(store: BaseStore) -> None:
+    """S7/U2: the acquire of an explicit task id made again (same request) answers "taken",
+    so the id is published, not deduplicated onto itself; another dispatch of the same id (a
+    new request) is a duplicate."""
+    assert store.acquire(LOCK, "x", 30, now=clock.now(), request="r1").acquired
+    again = store.acquire(LOCK, "x", 30, now=clock.now(), request="r1")
+    assert again.acquired and again.holder == "x"
+    other = store.acquire(LOCK, "x", 30, now=clock.now(), request="r2")
+    assert not other.acquired and other.holder == "x"

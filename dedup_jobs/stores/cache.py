@@ -218,15 +218,18 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
     ) -> Acquired:
         calls = self.calls
         deadline = self.deadline_ms()
+        value = {**self._value(key, owner, QUEUED, now, ttl), "req": request or ""}
         for _ in range(5):
             self._in_time(deadline)
-            if calls.add(key.key, self._value(key, owner, QUEUED, now, ttl), ttl):
+            if calls.add(key.key, value, ttl):
                 return Acquired(acquired=True, holder=owner)
             current, token = calls.gets(key.key)
             if current is None:
                 continue  # expired between add and get: try again
+            if request and current["owner"] == owner and current.get("req") == request:
+                return Acquired(acquired=True, holder=owner)  # this request made again (S7)
             if reentrant and current["owner"] == owner:
-                if calls.cas(key.key, self._value(key, owner, QUEUED, now, ttl), token, ttl):
+                if calls.cas(key.key, value, token, ttl):
                     return Acquired(acquired=True, holder=owner)
                 continue
             return Acquired(acquired=False, holder=str(current["owner"]))

@@ -40,11 +40,12 @@ class RowLockingMixin:
     def _locked_take(
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
         keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
+        request: str | None = None,
     ) -> tuple[str, str]:
         """As the one-statement upsert: (owner now in the row, "taken" | "held" | "live" |
         "other"); with a ``deadline``, nothing written once the server's now is past it."""
         rows = JobLock.objects.using(self.using)
-        nonce = delivery or uuid.uuid4().hex
+        nonce = delivery or request or uuid.uuid4().hex
         values: dict[str, Any] = {
             "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": state,
             "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
@@ -68,6 +69,8 @@ class RowLockingMixin:
                 live = (delivery is not None and row.state == RUNNING
                         and row.nonce not in (nonce, f"held-{nonce}"))
                 mine = row.owner == owner and not free and not live
+                if mine and request and row.nonce == request:
+                    return owner, "taken"  # this request made again (S7)
                 if not (free or (overwrite_mine and mine)):
                     return row.owner, "live" if live and row.owner == owner else "other"
                 if late is not None and row.server_now > late:  # type: ignore[attr-defined]

@@ -125,16 +125,18 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
     def _take(
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
         keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
+        request: str | None = None,
     ) -> tuple[str, str]:
         """Returns (owner now in the row, "taken" | "held" | "live" | "other"). With a
         ``delivery`` (worker start), a row of ours running under another delivery is left as
         it is ("live"). With a ``deadline`` (epoch ms, a dispatch), a statement the server
-        runs past it changes nothing and raises StoreUnavailable (S7)."""
+        runs past it changes nothing and raises StoreUnavailable (S7). A ``request`` (a
+        dispatch's) is the row's nonce: the same request made again answers "taken" (S7)."""
         form = self._dialect()
         if form is None:
             return self._locked_take(key, owner, state, ttl, overwrite_mine=overwrite_mine,
                                      keep_acquired_if_mine=keep_acquired_if_mine,
-                                     delivery=delivery)
+                                     delivery=delivery, deadline=deadline, request=request)
         connection = connections[self.using]
         names = self._names()
         t, text = names["t"], sql.template(form)
@@ -153,7 +155,7 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
             columns=sql.LOCK_COLUMNS.format(**names), values=values,
             cond=cond, keep=keep, **names,
         )
-        nonce = delivery or uuid.uuid4().hex
+        nonce = delivery or request or uuid.uuid4().hex
         params = [key.key, key.task_name, key.ident, owner, state, *now_params, *until_params,
                   nonce]
         if deadline is not None:
@@ -209,7 +211,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         request: str | None = None,
     ) -> Acquired:
         holder, outcome = self._dispatch(self._take, key, owner, QUEUED, ttl,
-                                         overwrite_mine=reentrant, keep_acquired_if_mine=False)
+                                         overwrite_mine=reentrant, keep_acquired_if_mine=False,
+                                         request=request if request and len(request) <= 40
+                                         else None)
         return Acquired(acquired=outcome == "taken", holder=holder)
 
     def start(
