@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, Generic, TypeVar
 
 from kombu.utils.json import dumps, loads
 
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 
 QUEUED = "queued"
@@ -261,8 +263,25 @@ class BaseStore(ABC):
     #: why the store cannot list, shown by the admin when ``can_list`` is False
     cannot_list_reason: str = ""
 
+    #: ms the store's clock runs ahead of the caller's (learnt where the store can tell)
+    skew_ms: int = 0
+
     def __init__(self, alias: str) -> None:
         self.alias = alias
+
+    def deadline_ms(self) -> int:
+        """S7: when the caller of a dispatch decision (acquire, take_over, debounce) sent now
+        gives up, in epoch ms on the store's clock: a decision that reaches its write after
+        it changes nothing (the caller has raised StoreUnavailable and undone the call)."""
+        from dedup_jobs.conf import app_settings
+
+        return int((time.time() + app_settings.STORE_TIMEOUT) * 1000) + self.skew_ms
+
+    def late(self, deadline_ms: int, now_ms: float | None = None) -> StoreUnavailable:
+        """The error of a dispatch decision refused past ``deadline_ms`` (nothing changed)."""
+        at = time.time() * 1000 if now_ms is None else now_ms
+        return StoreUnavailable(self.alias, f"the call reached the store {at - deadline_ms:.0f}"
+                                            " ms past its caller's deadline: nothing changed")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.alias!r}>"

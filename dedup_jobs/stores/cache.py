@@ -22,6 +22,7 @@ so a dispatch costs O(1) whatever the burst's size.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -34,6 +35,7 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
     ADOPTED,
+    CLAIM_RECORD_SECONDS,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -196,20 +198,38 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
     # Every loop below reads (gets), decides, and writes guarded by the read's cas token:
     # a write that finds the lock changed (False) or gone (None) since the read decides again.
 
+    def _in_time(self, deadline_ms: int) -> None:
+        """S7: refuse a dispatch decision about to write past its caller's deadline. A cache
+        has no clock of its own to read in the decision: this is the caller's clock, checked
+        before each write (memcached: a write delayed in the network after the check still
+        lands; only the Redis family and the database store check on the server's clock)."""
+        now_ms = time.time() * 1000
+        if now_ms > deadline_ms:
+            raise self.late(deadline_ms, now_ms)
+
+    def _tombstone_seconds(self) -> float:
+        """How long a release tombstone answers a re-send: longer than any re-send waits."""
+        return 2 * app_settings.STORE_TIMEOUT + 1
+
     @decision
     def acquire(
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
         request: str | None = None,
     ) -> Acquired:
         calls = self.calls
+        deadline = self.deadline_ms()
+        value = {**self._value(key, owner, QUEUED, now, ttl), "req": request or ""}
         for _ in range(5):
-            if calls.add(key.key, self._value(key, owner, QUEUED, now, ttl), ttl):
+            self._in_time(deadline)
+            if calls.add(key.key, value, ttl):
                 return Acquired(acquired=True, holder=owner)
             current, token = calls.gets(key.key)
             if current is None:
                 continue  # expired between add and get: try again
+            if request and current["owner"] == owner and current.get("req") == request:
+                return Acquired(acquired=True, holder=owner)  # this request made again (S7)
             if reentrant and current["owner"] == owner:
-                if calls.cas(key.key, self._value(key, owner, QUEUED, now, ttl), token, ttl):
+                if calls.cas(key.key, value, token, ttl):
                     return Acquired(acquired=True, holder=owner)
                 continue
             return Acquired(acquired=False, holder=str(current["owner"]))
@@ -249,12 +269,16 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
 
     @decision
     def release(self, key: JobKey, owner: str) -> bool:
+        """Compare-and-delete, leaving a short tombstone of ``owner`` (S7: the release made
+        again after a lost reply answers True, as the first did)."""
         calls = self.calls
+        tombstone = f"{key.key}:rel"
         for _ in range(5):
             current, token = calls.gets(key.key)
             if current is None or current["owner"] != owner:
-                return False
+                return bool(calls.get(tombstone) == owner)
             if calls.cas_delete(key.key, token):
+                calls.set_many({tombstone: owner}, self._tombstone_seconds())
                 return True
         raise self._changed_hands(key)
 
@@ -300,8 +324,15 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
         max_wait: float | None, ttl: float,
     ) -> Debounced:
+        deadline = self.deadline_ms()
+        seen = self._seen_key(key, task_id)
         with self._mutex(key):
-            state = self.calls.get(key.key)
+            found = self.calls.get_many([key.key, seen])
+            if seen in found:  # S7: this dispatch made again: the first one's answer
+                message, superseded = found[seen]
+                return Debounced(new=message == task_id, message_id=message,
+                                 superseded=superseded)
+            state = found.get(key.key)
             superseded = None
             writes: dict[str, Any] = {}
             if state is None or state["expires"] <= now or due_of(state) + stale_grace() < now:
@@ -323,16 +354,26 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
             timeout = due_of(state) - now + ttl
             state["expires"] = now + timeout
             n = state.get("base", 0) + state["count"]
+            self._in_time(deadline)
             self.calls.set_many({
                 **writes, key.key: state, self._ids_key(key, state["message"], n): task_id,
+                seen: (state["message"], superseded),
             }, timeout)
         return Debounced(new=superseded is None, message_id=state["message"],
                          superseded=superseded)
 
     @decision
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
+        claimed = f"{key.key}:claimed"
         with self._mutex(key):
-            state = self.calls.get(key.key)
+            found = self.calls.get_many([key.key, claimed])
+            state, record = found.get(key.key), found.get(claimed)
+            if record is not None and record[0] == message_id and (
+                    state is None or state["message"] != message_id):
+                # S7: this claim made again (its reply lost): the first claim's answer
+                args, kwargs = decode_call(record[2])
+                return Due(action=CLAIMED, latest_id=record[1], args=args, kwargs=kwargs,
+                           absorbed=tuple(record[3]))
             if state is None:
                 return Due(action=MISSING)
             if state["message"] != message_id:
@@ -342,6 +383,8 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
             if due - now > DUE_TOLERANCE:
                 return Due(action=WAIT, wait_until=due)
             absorbed = self._ids(key, state)
+            self.calls.set_many({claimed: (message_id, state["latest"], state["payload"],
+                                           absorbed)}, CLAIM_RECORD_SECONDS)
             self.calls.delete_many([key.key, *self._id_names(key, state)])
         args, kwargs = decode_call(state["payload"])
         return Due(action=CLAIMED, latest_id=state["latest"], args=args, kwargs=kwargs,

@@ -52,6 +52,12 @@ class CacheDebounceMixin:
                 self.calls.cas_delete(name, cas_token)
 
     @staticmethod
+    def _seen_key(key: JobKey, task_id: str) -> str:
+        """Where dispatch ``task_id``'s answer is kept while its burst may be re-sent to (S7):
+        (the burst's message id, the dispatch it superseded or None)."""
+        return f"{key.key}:seen:{task_id}"
+
+    @staticmethod
     def _ids_key(key: JobKey, message: str, n: int) -> str:
         return f"{key.key}:ids:{message}:{n}"
 
@@ -75,7 +81,7 @@ class CacheDebounceMixin:
             mine = [name for name in names if found.get(name) == task_id]
             if not mine:
                 return False
-            self.calls.delete_many(mine)
+            self.calls.delete_many([*mine, self._seen_key(key, task_id)])
             if state["latest"] == task_id and state.get("previous"):
                 latest, payload = state["previous"]
                 state = {**state, "latest": latest, "payload": payload, "previous": None}

@@ -29,11 +29,14 @@ class CacheFlowMixin:
     calls: Any
     _mutex: Any
     _value: Any
+    _in_time: Any
+    deadline_ms: Any
 
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
         calls = self.calls
+        deadline = self.deadline_ms()
         with calls.decision(), self._mutex(key):
             for _ in range(ATTEMPTS):
                 current, token = calls.gets(key.key)
@@ -43,6 +46,7 @@ class CacheFlowMixin:
                 if current is not None and current["state"] == RUNNING:
                     return Acquired(acquired=False, holder=str(current["owner"]))
                 replaced = None if current is None else str(current["owner"])
+                self._in_time(deadline)  # S7: a late take-over changes nothing
                 value = {**self._value(key, owner, QUEUED, now, ttl), "replaced": replaced or ""}
                 if current is None:
                     if calls.add(key.key, value, ttl):

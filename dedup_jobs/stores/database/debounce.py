@@ -39,6 +39,9 @@ class DatabaseDebounceMixin:
     """The debounce half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
 
     alias: str
+    deadline_ms: Any
+    _deadline_param: Any
+    _refused: Any
 
     @property
     def using(self) -> str:
@@ -65,6 +68,7 @@ class DatabaseDebounceMixin:
         deadline = None if max_wait is None else now + max_wait
         to_dt = clock.db_datetime  # aware (UTC) with USE_TZ, naive local without
         fresh = {
+            "deadline_ms": self.deadline_ms(),  # S7: the caller's, on the server's clock
             "stale_before": to_dt(now - stale_grace()),  # D9: due before this: stale
             "task_name": key.task_name,
             "ident": key.ident,
@@ -83,10 +87,16 @@ class DatabaseDebounceMixin:
         life = debounce_for + ttl  # the row expires this long after now, by the server's clock
         form = sql.dialect(connections[self.using])
         if form is not None:
-            message, superseded = self._guard(self._debounce_upsert, key, fresh, life, form)
+            message, absorbed = self._guard(self._debounce_upsert, key, fresh, life, form)
         else:
-            message, superseded = self._guard(self._debounce_locked, key, fresh, life)
-        return Debounced(new=not superseded, message_id=message, superseded=superseded or None)
+            message, absorbed = self._guard(self._debounce_locked, key, fresh, life)
+        # The dispatch's own answer, also when it was made again (S7: the row left as it is):
+        # its burst's message, and the dispatch before it in the burst, which it superseded.
+        ids = absorbed.split(",")
+        if message == task_id or task_id not in ids:
+            return Debounced(new=True, message_id=message)
+        at = ids.index(task_id)
+        return Debounced(new=False, message_id=message, superseded=ids[at - 1] if at else None)
 
     def _debounce_upsert(
         self, key: JobKey, v: dict[str, Any], life: float, form: str
@@ -99,7 +109,7 @@ class DatabaseDebounceMixin:
         template = sql.DEBOUNCE_UPSERT[sql.template(form)]
         statement = template.format(
             columns=sql.DEBOUNCE_COLUMNS.format(**names),
-            values=sql.DEBOUNCE_VALUES.format(until=until),
+            values=sql.in_time(sql.DEBOUNCE_VALUES.format(until=until), now, form),
             stale=sql.STALE.format(t=names["t"], now=now),
             **names,
         )
@@ -118,11 +128,16 @@ class DatabaseDebounceMixin:
             dt(v["runs_at"]),
             *until_params,
             v["absorbed"],
+            self._deadline_param(v["deadline_ms"]),
             *[dt(v["stale_before"])] * template.count("{stale}"),
         ]
-        ((message, superseded),) = sql.decide(connection, form, statement, params, names=names,
-                                              key=key.key, result=sql.DEBOUNCE_RESULT)
-        return str(message), str(superseded or "")
+        rows = sql.decide(connection, form, statement, params, names=names, key=key.key,
+                          result=sql.DEBOUNCE_RESULT)
+        # S7: refused as late, nothing changed (MySQL 8 reads back the row as it was)
+        if not rows or v["latest_id"] not in str(rows[0][1]).split(","):
+            raise self._refused(v["deadline_ms"])
+        ((message, absorbed),) = rows
+        return str(message), str(absorbed)
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
         return self._guard(self._claim, key, message_id, now)  # type: ignore[no-any-return]

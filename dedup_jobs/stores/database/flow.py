@@ -21,6 +21,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
+from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
@@ -65,6 +66,9 @@ class DatabaseFlowMixin:
     _dialect: Any
     _names: Any
     _take: Any
+    _dispatch: Any
+    _refused: Any
+    _deadline_param: Any
     _delete_mine: Any
 
     @property
@@ -75,10 +79,10 @@ class DatabaseFlowMixin:
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
         if self._dialect() == "on_conflict":
-            return self._guard(self._take_over_upsert, key, owner, ttl)  # type: ignore[no-any-return]
-        return self._guard(self._take_over_locked, key, owner, ttl)  # type: ignore[no-any-return]
+            return self._dispatch(self._take_over_upsert, key, owner, ttl)  # type: ignore[no-any-return]
+        return self._dispatch(self._take_over_locked, key, owner, ttl)  # type: ignore[no-any-return]
 
-    def _take_over_upsert(self, key: JobKey, owner: str, ttl: float) -> Acquired:
+    def _take_over_upsert(self, key: JobKey, owner: str, ttl: float, deadline: int) -> Acquired:
         connection = connections[self.using]
         names = self._names()
         t = names["t"]
@@ -88,28 +92,32 @@ class DatabaseFlowMixin:
         until, until_params = server_later(connection, ttl)
         statement = TAKE_OVER.format(
             columns=sql.LOCK_COLUMNS.format(**names),
-            values=sql.LOCK_VALUES.format(now=now, until=until),
+            values=sql.in_time(sql.LOCK_VALUES.format(now=now, until=until), now,
+                               "on_conflict"),
             take=f"({free} OR {replace})", free=free, replace=replace, room=NONCE_ROOM,
             **names,
         )
         nonce = uuid.uuid4().hex
         params = [key.key, key.task_name, key.ident, owner, QUEUED, *now_params, *until_params,
-                  nonce]
-        ((holder, returned),) = sql.decide(connection, "on_conflict", statement, params,
-                                           names=names, key=key.key, result=sql.LOCK_RESULT)
+                  nonce, *now_params, self._deadline_param(deadline)]
+        rows = sql.decide(connection, "on_conflict", statement, params, names=names,
+                          key=key.key, result=sql.LOCK_RESULT)
+        if not rows:
+            raise self._refused(deadline)
+        ((holder, returned),) = rows
         if holder != owner:
             return Acquired(acquired=False, holder=str(holder))
         # Ours: taken now (our nonce), replaced now or by our own earlier send (S7): "r…".
         return Acquired(acquired=True, holder=owner, replaced=_replaced_from(str(returned)))
 
-    def _take_over_locked(self, key: JobKey, owner: str, ttl: float) -> Acquired:
+    def _take_over_locked(self, key: JobKey, owner: str, ttl: float, deadline: int) -> Acquired:
         """Take it as a plain acquire does (free or expired: one statement where the database
         has one); held by another owner, lock the row and decide on it by the server's clock.
         The row lock is never taken in the transaction that inserts (see ``portable.py``)."""
         rows = JobLock.objects.using(self.using)
         for _ in range(ATTEMPTS):
             _holder, outcome = self._take(key, owner, QUEUED, ttl, overwrite_mine=False,
-                                          keep_acquired_if_mine=False)
+                                          keep_acquired_if_mine=False, deadline=deadline)
             if outcome == "taken":
                 return Acquired(acquired=True, holder=owner)
             with transaction.atomic(using=self.using):
@@ -122,6 +130,8 @@ class DatabaseFlowMixin:
                                     replaced=_replaced_from(row.nonce))
                 if row.state == RUNNING:
                     return Acquired(acquired=False, holder=row.owner)
+                if row.server_now > clock.db_datetime(deadline / 1000):  # type: ignore[attr-defined]
+                    raise self._refused(deadline)  # S7: a late take-over replaces nobody
                 replaced = row.owner
                 rows.filter(pk=row.pk).update(
                     owner=owner, state=QUEUED, task_name=key.task_name, ident=key.ident,

@@ -14,13 +14,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
+from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import RUNNING, Renewed
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
-from dedup_jobs.stores.database.servertime import ServerNow
+from dedup_jobs.stores.database.servertime import ServerNow, server_epoch
 
 #: attempts when the row keeps changing hands between the insert and the row lock
 ATTEMPTS = 5
@@ -30,6 +31,7 @@ class RowLockingMixin:
     """The row-locking half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
 
     alias: str
+    _refused: Any
 
     @property
     def using(self) -> str:
@@ -37,19 +39,23 @@ class RowLockingMixin:
 
     def _locked_take(
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
-        keep_acquired_if_mine: bool, delivery: str | None = None,
+        keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
+        request: str | None = None,
     ) -> tuple[str, str]:
         """As the one-statement upsert: (owner now in the row, "taken" | "held" | "live" |
-        "other")."""
+        "other"); with a ``deadline``, nothing written once the server's now is past it."""
         rows = JobLock.objects.using(self.using)
-        nonce = delivery or uuid.uuid4().hex
+        nonce = delivery or request or uuid.uuid4().hex
         values: dict[str, Any] = {
             "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": state,
             "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
         }
+        late = None if deadline is None else clock.db_datetime(deadline / 1000)
         for _ in range(ATTEMPTS):
             try:
                 with transaction.atomic(using=self.using):
+                    if deadline is not None and self._server_past(deadline):
+                        raise self._refused(deadline)  # S7: a late dispatch takes nothing
                     rows.create(key=key.key, **values)
                 return owner, "taken"
             except IntegrityError:
@@ -63,8 +69,12 @@ class RowLockingMixin:
                 live = (delivery is not None and row.state == RUNNING
                         and row.nonce not in (nonce, f"held-{nonce}"))
                 mine = row.owner == owner and not free and not live
+                if mine and request and row.nonce == request:
+                    return owner, "taken"  # this request made again (S7)
                 if not (free or (overwrite_mine and mine)):
                     return row.owner, "live" if live and row.owner == owner else "other"
+                if late is not None and row.server_now > late:  # type: ignore[attr-defined]
+                    raise self._refused(deadline)
                 update = dict(values)
                 if mine and keep_acquired_if_mine:
                     update["acquired_at"] = row.acquired_at
@@ -72,6 +82,10 @@ class RowLockingMixin:
                 rows.filter(pk=row.pk).update(**update)
                 return owner, "taken" if update["nonce"] == nonce else "held"
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    def _server_past(self, deadline: int) -> bool:
+        """The server's now is past ``deadline`` (epoch ms; read in the caller's transaction)."""
+        return server_epoch(connections[self.using]) * 1000 > deadline
 
     def _locked_renew(self, key: JobKey, owner: str, ttl: float, nonce: str) -> Renewed:
         """Extend the caller's held lock (never shorten it), take a free or expired key, or
@@ -104,23 +118,30 @@ class RowLockingMixin:
 
     def _debounce_locked(self, key: JobKey, fresh: dict[str, Any], life: float) -> tuple[str, str]:
         """Absorb the dispatch into the locked row, start over on an expired one (by the
-        server's clock), or create the row."""
+        server's clock), or create the row: (the burst's message id, its dispatch ids). A
+        dispatch in the row already (made again, S7) changes nothing; past the caller's
+        deadline (on the server's clock) nothing is written."""
         rows = PendingDebounce.objects.using(self.using)
-        stale_before = fresh["stale_before"]
-        fresh = {name: value for name, value in fresh.items() if name != "stale_before"}
+        stale_before, deadline = fresh["stale_before"], fresh["deadline_ms"]
+        fresh = {name: value for name, value in fresh.items()
+                 if name not in ("stale_before", "deadline_ms")}
         fresh["expires_at"] = ServerNow(life)
         for _ in range(ATTEMPTS):
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is not None:
+                    if fresh["latest_id"] in row.absorbed.split(","):
+                        return row.message_id, row.absorbed  # made again (S7): as it is
+                    if row.server_now > clock.db_datetime(deadline / 1000):  # type: ignore[attr-defined]
+                        raise self._refused(deadline)  # S7: a late dispatch changes nothing
                     if (row.expires_at <= row.server_now  # type: ignore[attr-defined]
                             or row.runs_at < stale_before):
                         # expired, or stale (D9): start over, adopting the burst's ids
                         absorbed = f"{row.absorbed},{fresh['absorbed']}"
                         rows.filter(pk=row.pk).update(**{**fresh, "absorbed": absorbed,
                                                           "previous_payload": ""})
-                        return fresh["message_id"], ""
+                        return fresh["message_id"], absorbed
                     run_at = fresh["run_at"]
                     rows.filter(pk=row.pk).update(
                         superseded_id=row.latest_id,
@@ -134,11 +155,14 @@ class RowLockingMixin:
                         expires_at=fresh["expires_at"],
                         absorbed=f"{row.absorbed},{fresh['latest_id']}",
                     )
-                    return row.message_id, row.latest_id
+                    return row.message_id, f"{row.absorbed},{fresh['latest_id']}"
             try:
                 with transaction.atomic(using=self.using):
+                    if self._server_past(deadline):
+                        raise self._refused(deadline)
                     rows.create(key=key.key, **fresh)
-                return fresh["message_id"], ""
+                return fresh["message_id"], fresh["absorbed"]
             except IntegrityError:
                 continue  # created meanwhile: absorb into that row
-        return fresh["message_id"], ""  # the row kept flapping: publish (fail open)
+        # the row kept flapping: publish (fail open)
+        return fresh["message_id"], fresh["absorbed"]

@@ -64,6 +64,19 @@ def server_now(connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
     return server_later(connection)
 
 
+def server_epoch(connection: BaseDatabaseWrapper) -> float:
+    """The server's now in epoch seconds (one ``SELECT``: only to learn a clock skew)."""
+    now, params = server_now(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {now}", params)
+        (value,) = cursor.fetchone()
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=zoneinfo.ZoneInfo(connection.timezone_name))
+    return float(value.timestamp())
+
+
 class ServerNow(Expression):
     """The database server's now (+ ``seconds``) in a QuerySet: ``filter(expires_at__gt=
     ServerNow())``, ``update(expires_at=ServerNow(30))``, or as an annotation."""

@@ -125,6 +125,18 @@ ON DUPLICATE KEY UPDATE
 """,
 }
 
+# Release (U4, S7): compare-and-"delete" that leaves the row expired as a tombstone of its owner
+# ("released" in the nonce), so that the release made again after a lost reply answers True
+# (its row is matched again, unchanged) for {ago} = the tombstone's life; a new acquire takes
+# the expired row as any free one. Parameters: the {now} ones, key, owner, the {now} ones, the
+# {ago} ones. (MySQL/MariaDB: expires_at is assigned first, reading the old nonce.)
+RELEASE = """
+UPDATE {t} SET expires_at = CASE WHEN nonce = 'released' THEN expires_at ELSE {now} END,
+  nonce = 'released'
+WHERE {k} = %s AND owner = %s
+  AND (expires_at > {now} OR (nonce = 'released' AND expires_at > {ago}))
+"""
+
 # -- debounce -------------------------------------------------------------------------------
 
 DEBOUNCE_COLUMNS = (
@@ -191,9 +203,44 @@ ON DUPLICATE KEY UPDATE
 }
 STALE = "({t}.expires_at <= {now} OR {t}.runs_at < %s)"
 
+# S7: the dispatch is in the burst already (made again after a lost reply): the row stays as it
+# is, and its answer is read from the ids it returns (``absorbed``).
+RESENT = {
+    "on_conflict": "(replace(',' || {t}.absorbed || ',', ',' || EXCLUDED.latest_id || ',', '')"
+                   " <> ',' || {t}.absorbed || ',')",
+    "duplicate_key": "(REPLACE(CONCAT(',', {t}.absorbed, ','), CONCAT(',', VALUES(latest_id),"
+                     " ','), '') <> CONCAT(',', {t}.absorbed, ','))",
+}
+
+
+def _unless_resent(upsert: str, form: str) -> str:
+    """``upsert`` with each assignment kept as the row has it when the dispatch is in the
+    burst already (RESENT); on MySQL/MariaDB ``absorbed``, which RESENT reads, is assigned
+    last (the assignments see the ones before them)."""
+    head, marker, body = upsert.partition("UPDATE SET\n" if form == "on_conflict"
+                                          else "UPDATE\n")
+    chunks: list[list[str]] = []
+    for line in body.strip("\n").split("\n"):
+        if line.startswith("  ") and not line.startswith("   "):
+            chunks.append([line.strip()])
+        else:
+            chunks[-1].append(line.strip())
+    assignments = []
+    for chunk in chunks:
+        column, _, expr = " ".join(chunk).rstrip(",").partition(" = ")
+        assignments.append((column, expr))
+    assignments.sort(key=lambda item: item[0] == "absorbed")
+    resent = RESENT[form]
+    return head + marker + ",\n".join(
+        f"  {column} = CASE WHEN {resent} THEN {{t}}.{column} ELSE {expr} END"
+        for column, expr in assignments) + "\n"
+
+
+DEBOUNCE_UPSERT = {form: _unless_resent(text, form) for form, text in DEBOUNCE_UPSERT.items()}
+
 #: the columns each decision reads back (RETURNING, or the SELECT after it)
 LOCK_RESULT = "owner, nonce"
-DEBOUNCE_RESULT = "message_id, superseded_id"
+DEBOUNCE_RESULT = "message_id, absorbed"
 
 # Claim a due burst of this message (due by the caller's clock, as its countdown was): the row
 # goes, its latest arguments and ids come back.
@@ -201,6 +248,16 @@ CLAIM_DELETE = """
 DELETE FROM {t} WHERE {k} = %s AND message_id = %s AND runs_at <= %s
 RETURNING latest_id, payload, absorbed
 """
+
+
+def in_time(values: str, now: str, form: str) -> str:
+    """S7: the row a dispatch upsert inserts (``VALUES (…)``) as a ``SELECT`` of it that
+    yields nothing once the server's now is past the caller's deadline (one more parameter,
+    after the values' and ``now``'s): the statement then inserts and updates nothing, and
+    returns no row."""
+    assert values.startswith("VALUES (") and values.endswith(")"), values
+    dual = " FROM DUAL" if template(form) == "duplicate_key" else ""
+    return f"SELECT {values[len('VALUES ('):-1]}{dual} WHERE {now} <= %s"
 
 
 def dialect(connection: BaseDatabaseWrapper) -> str | None:

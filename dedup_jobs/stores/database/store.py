@@ -12,6 +12,7 @@ the ``now`` the callers pass is not used for locks (S3).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
@@ -19,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections
 
+from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
@@ -38,7 +40,7 @@ from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
 from dedup_jobs.stores.database.flow import DatabaseFlowMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
-from dedup_jobs.stores.database.servertime import server_later, server_now
+from dedup_jobs.stores.database.servertime import server_epoch, server_later, server_now
 from dedup_jobs.stores.database.throttle import DatabaseThrottleMixin
 from dedup_jobs.stores.search import Search
 
@@ -105,18 +107,36 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
             )
             return bool(cursor.rowcount)
 
+    def _deadline_param(self, deadline_ms: int) -> Any:
+        """The caller's deadline as the statements compare it with the server's now."""
+        connection = connections[self.using]
+        return connection.ops.adapt_datetimefield_value(clock.db_datetime(deadline_ms / 1000))
+
+    def _refused(self, deadline_ms: int) -> StoreUnavailable:
+        """S7: a dispatch statement refused as late (it changed nothing). Answered while the
+        caller's clock says it is in time: the server's clock is ahead; learn by how much,
+        so that the caller's next try carries a deadline the server reads right."""
+        mine = time.time() * 1000
+        if mine <= deadline_ms:
+            server = server_epoch(connections[self.using]) * 1000
+            self.skew_ms = max(self.skew_ms, int(server - mine) + 1)
+        return self.late(deadline_ms)
+
     def _take(
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
-        keep_acquired_if_mine: bool, delivery: str | None = None,
+        keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
+        request: str | None = None,
     ) -> tuple[str, str]:
         """Returns (owner now in the row, "taken" | "held" | "live" | "other"). With a
         ``delivery`` (worker start), a row of ours running under another delivery is left as
-        it is ("live")."""
+        it is ("live"). With a ``deadline`` (epoch ms, a dispatch), a statement the server
+        runs past it changes nothing and raises StoreUnavailable (S7). A ``request`` (a
+        dispatch's) is the row's nonce: the same request made again answers "taken" (S7)."""
         form = self._dialect()
         if form is None:
             return self._locked_take(key, owner, state, ttl, overwrite_mine=overwrite_mine,
                                      keep_acquired_if_mine=keep_acquired_if_mine,
-                                     delivery=delivery)
+                                     delivery=delivery, deadline=deadline, request=request)
         connection = connections[self.using]
         names = self._names()
         t, text = names["t"], sql.template(form)
@@ -128,16 +148,23 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         keep = mine if keep_acquired_if_mine else "(1 = 0)"
         now, now_params = server_now(connection)
         until, until_params = server_later(connection, ttl)
+        values = sql.LOCK_VALUES.format(now=now, until=until)
+        if deadline is not None:
+            values = sql.in_time(values, now, form)
         statement = sql.UPSERT[text].format(
-            columns=sql.LOCK_COLUMNS.format(**names),
-            values=sql.LOCK_VALUES.format(now=now, until=until),
+            columns=sql.LOCK_COLUMNS.format(**names), values=values,
             cond=cond, keep=keep, **names,
         )
-        nonce = delivery or uuid.uuid4().hex
+        nonce = delivery or request or uuid.uuid4().hex
         params = [key.key, key.task_name, key.ident, owner, state, *now_params, *until_params,
                   nonce]
-        ((holder, returned),) = sql.decide(connection, form, statement, params, names=names,
-                                           key=key.key, result=sql.LOCK_RESULT)
+        if deadline is not None:
+            params += [*now_params, self._deadline_param(deadline)]
+        rows = sql.decide(connection, form, statement, params, names=names, key=key.key,
+                          result=sql.LOCK_RESULT)
+        if not rows and deadline is not None:
+            raise self._refused(deadline)
+        ((holder, returned),) = rows
         outcome = (
             "taken" if returned == nonce
             else "held" if returned == f"held-{nonce}"
@@ -145,6 +172,19 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
             else "other"
         )
         return str(holder), outcome
+
+    def _dispatch(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """S7: a dispatch decision (``func`` takes ``deadline``, the caller's, epoch ms on the
+        server's clock), through :meth:`_guard`. Refused as late while the caller was in
+        time, the server's clock runs ahead: tried once more with the skew learnt."""
+        for attempt in (1, 2):
+            skew = self.skew_ms
+            try:
+                return self._guard(func, *args, deadline=self.deadline_ms(), **kwargs)
+            except StoreUnavailable:
+                if attempt == 2 or self.skew_ms == skew:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _guard(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         """Run one decision; a database error is StoreUnavailable. A decision that lost a
@@ -170,8 +210,10 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
         request: str | None = None,
     ) -> Acquired:
-        holder, outcome = self._guard(self._take, key, owner, QUEUED, ttl,
-                                      overwrite_mine=reentrant, keep_acquired_if_mine=False)
+        holder, outcome = self._dispatch(self._take, key, owner, QUEUED, ttl,
+                                         overwrite_mine=reentrant, keep_acquired_if_mine=False,
+                                         request=request if request and len(request) <= 40
+                                         else None)
         return Acquired(acquired=outcome == "taken", holder=holder)
 
     def start(
@@ -203,7 +245,17 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         return Started(run=True, holder=None, took=outcome == "taken")
 
     def release(self, key: JobKey, owner: str) -> bool:
-        return self._guard(self._delete_mine, key, owner)  # type: ignore[no-any-return]
+        return self._guard(self._release, key, owner)  # type: ignore[no-any-return]
+
+    def _release(self, key: JobKey, owner: str) -> bool:
+        """One UPDATE (statements.RELEASE): True also to the same release made again (S7)."""
+        connection = connections[self.using]
+        now, now_params = server_now(connection)
+        ago, ago_params = server_later(connection, -(2 * app_settings.STORE_TIMEOUT + 1))
+        with connection.cursor() as cursor:
+            cursor.execute(sql.RELEASE.format(now=now, ago=ago, **self._names()),
+                           [*now_params, key.key, owner, *now_params, *ago_params])
+            return bool(cursor.rowcount)
 
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
