@@ -13,7 +13,7 @@ import pytest
 from dedup_jobs import clock
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import BaseStore, Renewed, encode_call
+from dedup_jobs.stores.base import ADOPTED, CLAIMED, BaseStore, Renewed, encode_call
 from tests import jobs
 from tests.conftest import DATABASE_STORE_PARAMS
 
@@ -98,13 +98,19 @@ def dispatch(task_id: str) -> Any:
 def test_a_debounce_burst_expires_by_the_server_clock(
     store_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """S3/D6: a pending burst is joined by a dispatcher whose clock runs two hours ahead
-    (by that clock the burst's state expired long ago, and starting a new burst would publish
-    a second message), and it stays listed for an admin on that host."""
+    """S3/D6/D9: a pending burst joined by a dispatcher whose clock runs two hours ahead.
+    The row's expiry is the server's (it has not expired), but D9's grace is measured on the
+    dispatcher's clock, as the burst's run time is: by that clock the burst was due two hours
+    ago, so it is stale and the dispatch starts a new burst that ADOPTS the old one's ids.
+    Nothing runs twice: the old message, when it comes, is answered "adopted" (dropped), and
+    the new burst's claim answers both dispatches. One burst stays listed."""
     assert dispatch("first").new
     skew(monkeypatch, 2 * HOUR)
     later = dispatch("second")
-    assert (later.new, later.message_id, later.superseded) == (False, "first", "first")
+    assert (later.new, later.message_id, later.superseded) == (True, "second", None)
     state = store().get_debounce(DEBOUNCE_KEY)
-    assert state is not None and (state.message_id, state.count) == ("first", 2)
-    assert [s.message_id for s in store().iter_debounces()] == ["first"]
+    assert state is not None and state.message_id == "second"
+    assert [s.message_id for s in store().iter_debounces()] == ["second"]
+    assert store().claim_due(DEBOUNCE_KEY, "first", now=clock.now()).action == ADOPTED
+    claimed = store().claim_due(DEBOUNCE_KEY, "second", now=clock.now() + 3)  # due then
+    assert claimed.action == CLAIMED and set(claimed.absorbed) == {"first", "second"}
