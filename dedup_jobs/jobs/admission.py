@@ -23,8 +23,10 @@
   lease thread re-sends the same check (same delivery nonce) until the store answers, then
   holds what it granted (``Admitted.resend``, ``Slot.resend``);
 - **deferred for the store** (W7): a ``concurrency``, ``throttle`` or ``without_overlapping``
-  admission cannot reach the store: published again (same task id, ``job_deferred`` reason
-  ``"store_error"``); a limit is never exceeded because the store blinked.
+  admission, or the lock check of an ``on_duplicate = "replace"`` job (R1: a later dispatch
+  may replace a holder the store still thinks queued), cannot reach the store: published
+  again (same task id, ``job_deferred`` reason ``"store_error"``); a limit is never exceeded
+  and a replaced holder never runs beside its replacement because the store blinked.
 """
 
 from __future__ import annotations
@@ -156,7 +158,9 @@ def check_lock(
     try:
         started = check(store)
     except StoreUnavailable:
-        if exclusive:  # W7: R2 is a limit; wait for the store rather than overlap
+        if exclusive or job.on_duplicate == "replace":
+            # W7: R2 is a limit, and R1 may replace a holder the store thinks queued: wait
+            # for the store rather than run beside a run of the key (docs/semantics.md#fates)
             defer_for_store(job, key, alias, "worker check", lambda countdown: republish(
                 job, args, kwargs, key, alias, countdown,
                 {REDELIVERED: redelivered, NONCE: delivery}))
