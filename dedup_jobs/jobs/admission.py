@@ -22,11 +22,9 @@
 - **run, reconciled**: the lock check cannot reach the store (W4): the body runs and the
   lease thread re-sends the same check (same delivery nonce) until the store answers, then
   holds what it granted (``Admitted.resend``, ``Slot.resend``);
-- **deferred for the store** (W7): a ``concurrency``, ``throttle`` or ``without_overlapping``
-  admission, or the lock check of an ``on_duplicate = "replace"`` job (R1: a later dispatch
-  may replace a holder the store still thinks queued), cannot reach the store: published
-  again (same task id, ``job_deferred`` reason ``"store_error"``); a limit is never exceeded
-  and a replaced holder never runs beside its replacement because the store blinked.
+- **deferred for the store** (W7): a limit's admission, or a replace job's lock check (R1),
+  cannot reach the store: published again (same task id, ``job_deferred`` reason
+  ``"store_error"``); no limit exceeded, no replaced holder running beside its replacement.
 """
 
 from __future__ import annotations
@@ -159,8 +157,7 @@ def check_lock(
         started = check(store)
     except StoreUnavailable:
         if exclusive or job.on_duplicate == "replace":
-            # W7: R2 is a limit, and R1 may replace a holder the store thinks queued: wait
-            # for the store rather than run beside a run of the key (docs/semantics.md#fates)
+            # W7: R2 is a limit; R1 may replace a holder the store thinks queued (#fates)
             defer_for_store(job, key, alias, "worker check", lambda countdown: republish(
                 job, args, kwargs, key, alias, countdown,
                 {REDELIVERED: redelivered, NONCE: delivery}))
