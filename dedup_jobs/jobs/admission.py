@@ -22,9 +22,9 @@
 - **run, reconciled**: the lock check cannot reach the store (W4): the body runs and the
   lease thread re-sends the same check (same delivery nonce) until the store answers, then
   holds what it granted (``Admitted.resend``, ``Slot.resend``);
-- **deferred for the store** (W7): a ``concurrency``, ``throttle`` or ``without_overlapping``
-  admission cannot reach the store: published again (same task id, ``job_deferred`` reason
-  ``"store_error"``); a limit is never exceeded because the store blinked.
+- **deferred for the store** (W7): a limit's admission, or a replace job's lock check (R1),
+  cannot reach the store: published again (same task id, ``job_deferred`` reason
+  ``"store_error"``); no limit exceeded, no replaced holder running beside its replacement.
 """
 
 from __future__ import annotations
@@ -164,7 +164,8 @@ def check_lock(
     try:
         started = check(store)
     except StoreUnavailable:
-        if exclusive:  # W7: R2 is a limit; wait for the store rather than overlap
+        if exclusive or job.on_duplicate == "replace":
+            # W7: R2 is a limit; R1 may replace a holder the store thinks queued (#fates)
             defer_for_store(job, key, alias, "worker check", lambda countdown: republish(
                 job, args, kwargs, key, alias, countdown,
                 {REDELIVERED: redelivered, NONCE: delivery}))

@@ -2,7 +2,8 @@
 
 The test functions below are the very ones of tests/test_stores.py, tests/test_debounce_store.py,
 tests/test_debounce_stale.py (D9, S7's withdraw),
-tests/test_flow_store.py, tests/test_idempotent.py, tests/test_throttle_store.py and
+tests/test_flow_store.py, tests/test_idempotent.py, tests/test_start_fates.py,
+tests/test_throttle_store.py and
 tests/test_id_hooks.py (U1-U7, P1-P2, D1-D8, R1-R2, S7, T2-T3, A4),
 collected again here with this directory's ``store_name`` fixture (tests/cluster/conftest.py):
 the CACHES alias "cluster" on django-valkey's cluster cache, on each cluster in turn."""
@@ -46,6 +47,13 @@ from tests.test_idempotent import (  # noqa: F401 (collected here)
     test_debounce_resent_by_the_burst_starter_still_publishes,
     test_release_resent_answers_released,
     test_until_processing_start_resent_is_not_skipped,
+)
+from tests.test_start_fates import (  # noqa: F401 (collected here)
+    test_a_resent_start_past_its_deadline_changes_nothing,
+    test_claim_resent_after_a_later_burst_was_claimed,
+    test_late_start_exclusive_takes_no_running_marker,
+    test_late_start_takes_no_lock_for_a_run_that_ended,
+    test_late_until_processing_start_changes_nothing,
 )
 from tests.test_stores import (  # noqa: F401 (collected here)
     test_expired_lock_is_free_again,

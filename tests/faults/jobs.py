@@ -107,6 +107,16 @@ def fault_exclusive(self: UniqueJob, token: str, value: int = 0, seconds: float 
     return value
 
 
+@shared_task(
+    bind=True, base=UniqueJob, unique_for=60, unique_on=("token",), on_duplicate="replace",
+    name="tests.faults.replace",
+)
+def fault_replace(self: UniqueJob, token: str, value: int = 0, seconds: float = 0.0) -> int:
+    """A UniqueJob with on_duplicate = "replace" (R1) whose body takes ``seconds``."""
+    _body(self, token, seconds, "", value)
+    return value
+
+
 def _throttled(name: str, **limits: Any) -> Any:
     """A ThrottledJob keyed by its ``token`` argument, whose body takes ``seconds``."""
 
@@ -169,7 +179,7 @@ def fault_acks_late_one_at_once(self: UniqueJob, token: str, value: int = 0,
 
 #: the jobs whose every delivery is recorded (event "delivery")
 DELIVERIES_OF = {fault_acks_late.name, fault_acks_late_one_at_once.name,
-                 fault_two_at_once.name, fault_five_per_second.name}
+                 fault_two_at_once.name, fault_five_per_second.name, fault_replace.name}
 
 
 @task_prerun.connect(weak=False, dispatch_uid="tests.faults.jobs.deliveries")

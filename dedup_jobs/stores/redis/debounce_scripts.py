@@ -8,9 +8,11 @@ from dedup_jobs.stores.redis.trim import trim_lua
 # from a stale burst)) beside a hash of every dispatch id of the burst ("{state key}:seen":
 # id -> "n|the id it superseded", so a re-sent dispatch is known in O(1) and CLAIM can order
 # the ids); the index "{KEY_PREFIX}:index:debounce" is a sorted set of state keys scored by
-# when they are due (ms). A claimed burst leaves a claim record: the state and its ids renamed
-# to "{state key}:claimed" and "{state key}:claimed:seen" for a while, so that a re-sent CLAIM
-# (and a re-sent DEBOUNCE of an id that already ran) answers as the first did.
+# when they are due (ms). A claimed burst leaves a claim record of its message for a while:
+# the state and its ids renamed to "{state key}:claim:{message id}" (and ":seen"), so that
+# a re-sent CLAIM answers as the first did; and the key's record of its latest claim
+# ("{state key}:claimed": the message; ":claimed:seen": a copy of its ids), so that a
+# re-sent DEBOUNCE of an id that already ran does too.
 
 # DEBOUNCE — one dispatch: start a burst, or absorb the dispatch into the pending one.
 # KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
@@ -87,21 +89,24 @@ return {1, msg, ''}
 """
 
 # CLAIM — the burst's message is at the worker: claim the burst if it is due.
-# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] claim record,
-# KEYS[5] claim record's seen hash
+# KEYS[1] state hash, KEYS[2] seen hash, KEYS[3] debounce index, KEYS[4] the key's claim
+# record (its latest claim), KEYS[5] that record's seen hash, KEYS[6] this message's claim
+# record ("{state key}:claim:{message id}"), KEYS[7] its seen hash
 # ARGV[1] message id, ARGV[2] now ms, ARGV[3] tolerance ms (a timer firing this early is due),
 # ARGV[4] ms the claim record is kept
 # Returns {"missing"}, {"other", message id}, {"adopted"} (the message of a stale burst whose
 # ids a newer burst adopted: that burst's run answers for it), {"wait", due ms}, or
 # {"claimed", latest id, payload, {id, "n|superseded", ...}} after moving the state into the
-# claim record (a later dispatch starts a new burst); a re-sent CLAIM of the same message
-# gets the same answer from the record.
+# message's claim record (a later dispatch starts a new burst). A re-sent CLAIM of the same
+# message gets the same answer from its own record, also after a later burst of the key was
+# claimed (S7: the record is the message's, not the key's). The key's record (a copy of the
+# latest claim's ids) lets DEBOUNCE tell a re-sent dispatch of a burst that already ran.
 CLAIM = """
 local s = redis.call('HMGET', KEYS[1], 'message', 'run_at', 'deadline')
 if s[1] ~= ARGV[1] then
-  local c = redis.call('HMGET', KEYS[4], 'message', 'latest', 'payload')
+  local c = redis.call('HMGET', KEYS[6], 'message', 'latest', 'payload')
   if c[1] == ARGV[1] then
-    return {'claimed', c[2], c[3], redis.call('HGETALL', KEYS[5])}
+    return {'claimed', c[2], c[3], redis.call('HGETALL', KEYS[7])}
   end
   if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 or
      redis.call('HEXISTS', KEYS[5], ARGV[1]) == 1 then
@@ -114,17 +119,22 @@ local due = tonumber(s[2])
 local deadline = tonumber(s[3])
 if deadline and deadline < due then due = deadline end
 if due - tonumber(ARGV[2]) > tonumber(ARGV[3]) then return {'wait', due} end
-redis.call('RENAME', KEYS[1], KEYS[4])
+redis.call('RENAME', KEYS[1], KEYS[6])
+redis.call('DEL', KEYS[4], KEYS[5])
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('RENAME', KEYS[2], KEYS[5])
+  redis.call('RENAME', KEYS[2], KEYS[7])
+  redis.call('COPY', KEYS[7], KEYS[5])
+  redis.call('PEXPIRE', KEYS[7], ARGV[4])
+  redis.call('PEXPIRE', KEYS[5], ARGV[4])
 else
-  redis.call('DEL', KEYS[5])
+  redis.call('DEL', KEYS[7])
 end
+redis.call('HSET', KEYS[4], 'message', ARGV[1])
 redis.call('PEXPIRE', KEYS[4], ARGV[4])
-redis.call('PEXPIRE', KEYS[5], ARGV[4])
+redis.call('PEXPIRE', KEYS[6], ARGV[4])
 redis.call('ZREM', KEYS[3], KEYS[1])
-local v = redis.call('HMGET', KEYS[4], 'latest', 'payload')
-return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[5])}
+local v = redis.call('HMGET', KEYS[6], 'latest', 'payload')
+return {'claimed', v[1], v[2], redis.call('HGETALL', KEYS[7])}
 """
 
 # WITHDRAW — the undo of a dispatch that raised StoreUnavailable although its DEBOUNCE ran

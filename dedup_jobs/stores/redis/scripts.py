@@ -26,6 +26,21 @@ from dedup_jobs.stores.redis.undo_scripts import _taken_from_caller
 #: Lua: drop up to INDEX_TRIM entries of expired locks from the index KEYS[2] (``now``: ms)
 _trim_index = trim_lua("KEYS[2]", "now")
 
+
+def _late(deadline: str) -> str:
+    """Lua of the worker's checks (START, START_EXCLUSIVE), before their first write: read
+    the server's clock into ``now`` and, past the caller's deadline ``deadline`` (an ARGV,
+    ms on the server's clock, "0": none), answer {5, now} and change nothing. The caller
+    has given up by then (W4 ran the body, W7 deferred it): what the check should have taken
+    is taken by the re-send the reconciliation or the deferred copy sends, with a deadline of
+    its own; a late check must not take a lock or a marker for a run that may have ended."""
+    return f"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber({deadline}) or 0
+if deadline > 0 and now > deadline then return {{5, now}} end
+"""
+
 # ACQUIRE — take a free lock (or refresh one the caller already holds, when reentrant).
 # KEYS[1] lock key, KEYS[2] index key
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
@@ -71,12 +86,14 @@ return '1' .. ARGV[1]
 # START — the worker-side check before run.
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] release "1"/"0",
-# ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms, ARGV[8] redelivered "1"/"0"
-# Returns {0, holder} when another owner holds it (skip), {4, holder, ms since} when that
-# owner took it over from the caller (R1) that many ms ago (_taken_from_caller); {2, 'live'}
-# when the lock is the
-# caller's and running under another delivery of the same message (W5: the first delivery
-# lives, its lease keeps the lock); {3, 'done'} when the caller is a redelivered copy, the key
+# ARGV[5] task name, ARGV[6] readable id, ARGV[7] tombstone ttl ms, ARGV[8] redelivered "1"/"0",
+# ARGV[9] deadline ms (server clock; "0": none)
+# Returns {5, server ms} when run past the deadline, before any write (nothing changed, S7:
+# the caller re-sends, _late); {0, holder} when another owner holds it (skip), {4, holder,
+# ms since} when that owner took it over from the caller (R1) that many ms ago
+# (_taken_from_caller); {2, 'live'} when the lock is the caller's and running under another
+# delivery of the same message (W5: the first delivery lives, its lease keeps the lock);
+# {3, 'done'} when the caller is a redelivered copy, the key
 # is free and RELEASE's tombstone says the caller's own run just ended (W5: the copy is
 # dropped; the result backend may not hold that run's result yet, Celery stores it after the
 # body returns and the lock is released); otherwise runs and returns {1, 'released'} (release and
@@ -91,15 +108,16 @@ if ARGV[4] == '1' then
   local tomb = redis.call('GET', KEYS[3])
   if tomb == ARGV[3] .. '|released' then return {1, 'released'} end
   if tomb == ARGV[3] .. '|free' then return {1, 'free'} end
-  if cur == ARGV[1] then
+  if cur and cur ~= ARGV[1] then
+""" + _taken_from_caller + """
+    return {0, cur}
+  end
+""" + _late("ARGV[9]") + """
+  if cur then
     redis.call('DEL', KEYS[1])
     redis.call('ZREM', KEYS[2], KEYS[1])
     redis.call('SET', KEYS[3], ARGV[3] .. '|released', 'PX', ARGV[7])
     return {1, 'released'}
-  end
-  if cur then
-""" + _taken_from_caller + """
-    return {0, cur}
   end
   redis.call('SET', KEYS[3], ARGV[3] .. '|free', 'PX', ARGV[7])
   return {1, 'free'}
@@ -124,8 +142,7 @@ if cur then
     return {2, 'live'}
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+""" + _late("ARGV[9]") + """
 local expires = now + tonumber(ARGV[2])
 if not cur then
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'acquired', now, 'task', ARGV[5],
@@ -251,9 +268,11 @@ return '1'
 # START_EXCLUSIVE — R2: the until-processing worker check of a job without_overlapping.
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] running marker ("{lock key}:run")
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] this delivery's nonce, ARGV[4] task name,
-# ARGV[5] readable id
-# Returns {0, holder} when another owner holds the lock (skip), {4, holder, ms since} when
-# it took the lock over from the caller (as START); {3, running owner} when
+# ARGV[5] readable id, ARGV[6] deadline ms (server clock; "0": none)
+# Returns {5, server ms} when run past the deadline, before any write (nothing changed, S7:
+# the deferred copy re-sends it, _late), {0, holder} when another owner holds the lock
+# (skip), {4, holder, ms since} when it took the lock over from the caller (as START);
+# {3, running owner} when
 # another run of the key is in progress (the caller waits; its lock is left as it is);
 # {2, 'live'} when the marker is the caller's under another delivery (W5); otherwise
 # deletes the caller's lock, takes the marker (a hash like a lock, state running, indexed,
@@ -271,8 +290,7 @@ if m[1] then
   if m[1] == ARGV[1] then return {2, 'live'} end
   return {3, m[1]}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+""" + _late("ARGV[6]") + """
 local expires = now + tonumber(ARGV[2])
 local ans = 'free'
 if cur then

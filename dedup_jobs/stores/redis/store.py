@@ -121,22 +121,16 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
-        answer = self._call_with_tombstone(
-            "START", key, owner, _ms(lease), delivery or new_request_id(),
-            "1" if release else "0", key.task_name, key.ident, self._tombstone_ms(),
-            "1" if redelivered else "0",
-        )
-        ok, what = answer[0], answer[1]
-        if ok == 2:
-            return Started(run=False, holder=owner, live=True)
-        if ok == 3:
-            return Started(run=False, holder=owner, done=True)
-        if ok == 4:
-            return Started(run=False, holder=_text(what), taken_over=int(answer[2]) / 1000)
-        if not ok:
-            return Started(run=False, holder=_text(what))
-        what = _text(what)
-        return Started(run=True, holder=None, took=what == "taken", released=what == "released")
+        nonce = delivery or new_request_id()
+        for _attempt in range(2):
+            answer = self._call_with_tombstone(
+                "START", key, owner, _ms(lease), nonce, "1" if release else "0", key.task_name,
+                key.ident, self._tombstone_ms(), "1" if redelivered else "0", self.deadline_ms(),
+            )
+            if answer[0] != 5:
+                return _started(answer, owner)
+            self.learn_skew(int(answer[1]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the worker's check as late twice")
 
     def release(self, key: JobKey, owner: str) -> bool:
         return bool(self._call_with_tombstone(
@@ -177,7 +171,9 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         raise StoreUnavailable(self.alias, "the server refused the debounce as late twice")
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
-        answer = self._eval("CLAIM", self._debounce_keys(key), (
+        physical = self.place(key, "debounce")[0]
+        record = f"{physical}:claim:{message_id}"  # the message's own claim record (S7)
+        answer = self._eval("CLAIM", [*self._debounce_keys(key), record, f"{record}:seen"], (
             message_id, _ms(now), int(DUE_TOLERANCE * 1000), _ms(CLAIM_RECORD_SECONDS)),
             key.task_name)
         action = _text(answer[0])
@@ -219,21 +215,47 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         delivery: str | None = None,
     ) -> Started:
         physical, index = self.place(key)
-        answer = self._eval(
-            "START_EXCLUSIVE", [physical, index, self.place(running)[0]],
-            (owner, _ms(lease), delivery or new_request_id(), key.task_name, key.ident),
-            key.task_name,
-        )
-        ok, what = answer[0], _text(answer[1])
-        if ok == 4:
-            return Started(run=False, holder=what, taken_over=int(answer[2]) / 1000)
-        if ok == 3:
-            return Started(run=False, holder=what, overlap=True)
-        if ok == 2:
-            return Started(run=False, holder=owner, live=True)
-        if not ok:
-            return Started(run=False, holder=what)
-        return Started(run=True, holder=None, took=True, released=what == "released")
+        nonce = delivery or new_request_id()
+        for _attempt in range(2):
+            answer = self._eval(
+                "START_EXCLUSIVE", [physical, index, self.place(running)[0]],
+                (owner, _ms(lease), nonce, key.task_name, key.ident, self.deadline_ms()),
+                key.task_name,
+            )
+            if answer[0] != 5:
+                return _started_exclusive(answer, owner)
+            self.learn_skew(int(answer[1]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the exclusive check as late twice")
+
+
+def _started(answer: Any, owner: str) -> Started:
+    """START's answer (see scripts.py)."""
+    ok, what = answer[0], answer[1]
+    if ok == 2:
+        return Started(run=False, holder=owner, live=True)
+    if ok == 3:
+        return Started(run=False, holder=owner, done=True)
+    if ok == 4:
+        return Started(run=False, holder=_text(what), taken_over=int(answer[2]) / 1000)
+    if not ok:
+        return Started(run=False, holder=_text(what))
+    what = _text(what)
+    return Started(run=True, holder=None, took=what == "taken", released=what == "released")
+
+
+def _started_exclusive(answer: Any, owner: str) -> Started:
+    """START_EXCLUSIVE's answer (see scripts.py)."""
+    ok, what = answer[0], _text(answer[1])
+    if ok == 4:
+        return Started(run=False, holder=what, taken_over=int(answer[2]) / 1000)
+    if ok == 3:
+        return Started(run=False, holder=what, overlap=True)
+    if ok == 2:
+        return Started(run=False, holder=owner, live=True)
+    if not ok:
+        return Started(run=False, holder=what)
+    return Started(run=True, holder=None, took=True, released=what == "released")
+
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))

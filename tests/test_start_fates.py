@@ -1,0 +1,119 @@
+"""S7/W4 on the Redis store: the worker's checks under the "late" fate (the call reaches the
+server after its caller gave up, so the caller already ran W4 or deferred, W7) and the claim
+record under a re-send (issue 21: START, START_EXCLUSIVE and CLAIM). A late check changes
+nothing (it carries its caller's deadline, as ACQUIRE does): whatever the check should have
+taken is taken by the re-send the reconciliation (W4) or the deferred copy (W7) sends with a
+deadline of its own. A re-sent CLAIM gets its own answer back whatever burst was claimed
+since. Found by tests/test_fates_property.py's minimal examples."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from dedup_jobs import clock
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.keys import build_key
+from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import CLAIMED, encode_call, running_key
+from tests.fates_model import past_deadline
+
+pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+
+LOCK = build_key("unique", "tests.start_fates", "item=1")
+BURST = build_key("debounce", "tests.start_fates", "item=1")
+LEASE = 30.0
+
+
+@pytest.fixture
+def store(family_store: str) -> Iterator[Any]:
+    """S1: the Redis store on each Redis-protocol backend (django-redis, Django's RedisCache,
+    django-valkey on Valkey)."""
+    with override_settings(DEDUP_JOBS={"STORE": family_store, "LEASE_SECONDS": 60}):
+        yield get_store(family_store)
+
+
+def _late(store: Any, call: Any) -> str:
+    """Run ``call`` as if it reached the server past its caller's deadline (the way
+    tests/fates_model.py lands a late call): refused, what it raised."""
+    with past_deadline(store):
+        try:
+            answer = call()
+        except StoreUnavailable as exc:
+            return str(exc)
+    raise AssertionError(f"a check past its caller's deadline ran: {answer}")
+
+
+def test_late_start_exclusive_takes_no_running_marker(store: Any) -> None:
+    """R2/W4/S7: "the late START_EXCLUSIVE g3 left X:run held by g3, which is not running" —
+    a START_EXCLUSIVE the server runs after its caller gave up (the message was deferred for
+    the store, W7, and its copy re-sent the check, ran and released) takes no running marker
+    and leaves the queued lock as it is."""
+    assert store.acquire(LOCK, "g3", LEASE, now=clock.now()).acquired
+    _late(store, lambda: store.start_exclusive(
+        LOCK, running_key(LOCK), "g3", LEASE, now=clock.now(), delivery="n1"))
+    assert store.get(running_key(LOCK)) is None
+    lock = store.get(LOCK)
+    assert (lock.owner, lock.state) == ("g3", "queued")
+    # the re-send with a deadline of its own (the deferred copy, same nonce) does take it
+    again = store.start_exclusive(LOCK, running_key(LOCK), "g3", LEASE, now=clock.now(),
+                                  delivery="n1")
+    assert again.run and again.released and store.get(running_key(LOCK)).owner == "g3"
+
+
+def test_late_start_takes_no_lock_for_a_run_that_ended(store: Any) -> None:
+    """W4/S7: a plain START the server runs after its caller gave up (the body ran under W4,
+    its reconciliation's re-send took the lock, the run released it) takes no lock: else a
+    lock of a finished run would hold the key, and dispatches be deduplicated onto it."""
+    _late(store, lambda: store.start(LOCK, "g1", LEASE, now=clock.now(), release=False,
+                                           delivery="n1"))
+    assert store.get(LOCK) is None
+
+
+def test_late_until_processing_start_changes_nothing(store: Any) -> None:
+    """P1/W4/S7: an until-processing START past its caller's deadline changes nothing (its
+    reconciliation's re-send releases the lock), and a re-send in time still releases it."""
+    assert store.acquire(LOCK, "p1", LEASE, now=clock.now()).acquired
+    _late(store, lambda: store.start(LOCK, "p1", LEASE, now=clock.now(), release=True,
+                                           delivery="n1"))
+    assert store.get(LOCK).owner == "p1"
+    again = store.start(LOCK, "p1", LEASE, now=clock.now(), release=True, delivery="n1")
+    assert again.run and again.released and store.get(LOCK) is None
+
+
+def test_a_resent_start_past_its_deadline_changes_nothing(store: Any) -> None:
+    """W5/S7: a re-send of a START that ran (same nonce), landing late, is refused too (the
+    reconciliation asks again), and the lock stays as the first left it."""
+    assert store.start(LOCK, "g1", LEASE, now=clock.now(), release=False, delivery="n1").took
+    _late(store, lambda: store.start(LOCK, "g1", LEASE, now=clock.now(), release=False,
+                                           delivery="n1"))
+    lock = store.get(LOCK)
+    assert (lock.owner, lock.state) == ("g1", "running")
+
+
+def _debounce(store: Any, task_id: str, value: int) -> Any:
+    return store.debounce(BURST, task_id, encode_call([value], {}), now=clock.now(),
+                          debounce_for=0.01, max_wait=None, ttl=60.0)
+
+
+def test_claim_resent_after_a_later_burst_was_claimed(store: Any) -> None:
+    """D4/S7: "results never ready: {'d3'}" — a CLAIM re-sent by its message (its reply was
+    lost, the message tried again) after a later burst of the key was claimed (by its own
+    message, or by the undo of a failed dispatch) gets its own answer back, with every
+    absorbed id, not "missing" (which runs the message alone and leaves the ids it absorbed
+    waiting forever)."""
+    _debounce(store, "d1", 1)
+    _debounce(store, "d2", 2)
+    first = store.claim_due(BURST, "d1", now=clock.now() + 1)
+    assert first.action == CLAIMED and first.absorbed == ("d1", "d2")
+    assert _debounce(store, "d3", 3).new
+    later = store.claim_due(BURST, "d3", now=clock.now() + 100)  # the undo's claim
+    assert later.action == CLAIMED and later.absorbed == ("d3",)
+    again = store.claim_due(BURST, "d1", now=clock.now() + 1)
+    assert (again.action, again.latest_id, again.args, again.absorbed) == (
+        CLAIMED, "d2", (2,), ("d1", "d2"))
+    # and the later claim's re-send still answers as it did
+    assert store.claim_due(BURST, "d3", now=clock.now() + 100).absorbed == ("d3",)
