@@ -12,7 +12,8 @@ from hypothesis.stateful import precondition, rule
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.stores.base import CLAIMED, WAIT, running_key
+from dedup_jobs.jobs import takeover
+from dedup_jobs.stores.base import ADOPTED, CLAIMED, WAIT, running_key
 from tests.fates_model import (
     DEBOUNCE_FOR,
     LEASE,
@@ -42,6 +43,10 @@ class WorkerRules:
     resends: list[Resend]
     turns: dict[str, float]
     new_id: Callable[[str], str]
+    run_undos: Callable[[], None]
+    claimed: dict[str, list[str]]
+    nonces: dict[str, str]
+    waited: dict[str, float]
     onto: Callable[[str, str, str], None]
 
     def check_call(self, tid: str, kind: str, nonce: str) -> tuple[str, Callable[[], Any]]:
@@ -73,7 +78,15 @@ class WorkerRules:
     def start(self, pick: int, fate: str) -> None:
         """W1/W3/W5, R2, T2, D1: the worker's check of a message, as the kind decides."""
         tid, kind = self.queue.pop(pick % len(self.queue))
-        nonce = self.new_id("n")
+        if kind == "C":  # a handed-over burst's message, claimed already: it runs (D4)
+            self.bodies.append(Body(tid, "D", "", holds=False, ids=self.claimed.pop(tid)))
+            return
+        if self.waited.get(tid) and self.undos:
+            # R1/S7: a copy waiting for a take-over comes back a third of the lease later,
+            # the store answering: the rollback thread has run the undos meanwhile
+            self.run_undos()
+        # W7: a copy deferred for the store re-sends its check with the same nonce (header)
+        nonce = self.nonces.pop(tid, None) or self.new_id("n")
         what, call = self.check_call(tid, kind, nonce)
         try:
             answer = self.fates.call(fate, what, call, tid)
@@ -92,10 +105,12 @@ class WorkerRules:
             self.bodies.append(body)
             self.resends.append(Resend(what, tid, call, lambda a: self.reconciled(body, a)))
             return
-        # W7: a limit admission that failed defers; the re-send frees what it was granted
+        # W7: a limit admission that failed defers (store_errors.defer_for_store): the same
+        # task id is published again; the exclusive check's copy carries its nonce (jobs/
+        # admission.py check_lock), the throttle check's asks again with a new one
         self.queue.append((tid, kind))
-        body = Body(tid, kind, nonce, holds=False)
-        self.resends.append(Resend(what, tid, call, lambda a: self.reconciled(body, a)))
+        if kind == "X":
+            self.nonces[tid] = nonce
 
     def reconciled(self, body: Body, answer: Any) -> None:
         """W4: the re-sent check answered: renew what was granted while the run lives,
@@ -115,6 +130,8 @@ class WorkerRules:
             if answer.action == WAIT:
                 self.queue.append((tid, kind))
                 return
+            if answer.action == ADOPTED:  # D9: a newer burst answers this message's ids
+                return
             ids = [tid, *answer.absorbed] if answer.action == CLAIMED else [tid]
             self.bodies.append(Body(tid, kind, nonce, holds=False, ids=ids))
             return
@@ -128,6 +145,8 @@ class WorkerRules:
         if answer.live or answer.overlap:  # W5, R2: put off, the same id published again
             self.queue.append((tid, kind))
             return
+        if answer.taken_over is not None and self.taken_over(tid, kind):
+            return
         if not answer.run:
             self.results[tid] = "REVOKED"  # W3: skipped
             assert answer.holder not in self.failed, (
@@ -136,6 +155,19 @@ class WorkerRules:
             self.onto(answer.holder, tid, "skipped")
             return
         self.bodies.append(Body(tid, kind, nonce, holds=kind != "P", ids=[tid]))
+
+    def taken_over(self, tid: str, kind: str) -> bool:
+        """jobs/takeover.py ``decide``: the lock of ``tid`` was taken over; REVOKED by the
+        dispatch that took it (R1): never runs; else re-published (WAIT) until the grace is
+        spent, then skipped as held by the new owner (False: the skip follows)."""
+        if self.results.get(tid) == "REVOKED":
+            return True
+        left = takeover.grace() - self.waited.get(tid, 0.0)
+        if left <= 0:
+            return False
+        self.waited[tid] = self.waited.get(tid, 0.0) + min(left, max(0.05, LEASE / 3))
+        self.queue.append((tid, kind))
+        return True
 
     @precondition(lambda self: self.bodies)
     @rule(pick=picks, fate=fates)

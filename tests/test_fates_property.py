@@ -11,12 +11,16 @@ take_over; a generated or an explicit task id), P a UniqueUntilProcessingJob, X 
 ``without_overlapping`` (start_exclusive), T a ThrottledJob with ``concurrency=2``, D a
 DebouncedJob (debounce, claim_due).
 
-The front-end is modelled as SPEC says: a dispatch that raised StoreUnavailable hands its undo
-to jobs/rollback.py (the real ``unique.undo_lock`` and ``DebouncedJob._drop_burst``); at the
-worker, a unique kind whose check failed runs (W4) and its lease thread re-sends the same call
-until the store answers, then renews or releases what it was granted; a limit admission
-(without_overlapping, concurrency) that failed defers (W7, reason "store_error") and the same
-re-send releases what it may have been granted; a release whose reply was lost is re-sent.
+The front-end is modelled as the code does it: a dispatch that raised StoreUnavailable hands
+its undo to jobs/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
+and ``bursts.undo``, whose hand-over publishes the latest absorbed dispatch as the burst's
+claimed message, its run answering the others); a message whose lock was taken over by a
+dispatch not confirmed yet waits (jobs/takeover.py) until REVOKED or given its lock back. At
+the worker, a unique kind whose check failed runs (W4) and its lease thread re-sends the same
+call (same owner and nonce) until the store answers, then renews or releases what it was
+granted; a limit admission that failed defers (W7, jobs/store_errors.py): the
+without_overlapping copy re-sends the same check (its nonce in the header), the throttle copy
+asks again; a release whose reply was lost is re-sent.
 ``store_answers_again`` is the store coming back: every undo and re-send runs.
 
 Invariants after every step: never two bodies of one U or X key at once, never more than 2 of
@@ -54,8 +58,7 @@ from hypothesis.stateful import (
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.jobs import unique
-from dedup_jobs.jobs.debounced import DebouncedJob
+from dedup_jobs.jobs import bursts, unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore, encode_call, running_key
@@ -108,6 +111,11 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         self.results: dict[str, str] = {}
         self.awaited: set[str] = set()
         self.absorbed_by: dict[str, str] = {}  # a debounce dispatch -> its burst's message
+        self.claimed: dict[str, list[str]] = {}  # a handed-over burst message -> its ids
+        self.nonces: dict[str, str] = {}  # W7: a deferred X copy's check nonce (header)
+        self.waited: dict[str, float] = {}  # R1/S7: seconds waited for a take-over
+        self.name = "tests.fates"
+        self.ignore_result = False
         self.failed: set[str] = set()  # dispatches that raised StoreUnavailable
         self.undone: set[str] = set()  # ... whose undo has run
         self.undos: list[tuple[str, Callable[[], Any]]] = []
@@ -120,8 +128,18 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
     # -- stand-ins -----------------------------------------------------------------------
 
     def add(self, what: str, call: Callable[[], Any], *, lifetime: float,
-            give_up: Callable[[], None] | None = None) -> None:
+            give_up: Callable[[], None] | None = None, group: str | None = None) -> None:
         self.undos.append((what, call))
+
+    def encode_result(self, result: Any, state: str) -> Any:
+        return result
+
+    def store_result(self, task_id: str, result: Any, state: str, traceback: Any = None,
+                     **_extra: Any) -> None:
+        self.results[task_id] = state
+
+    def get_task_meta(self, task_id: str) -> dict[str, Any]:
+        return {"status": self.results.get(task_id, "PENDING"), "result": None}
 
     def mark_as_revoked(self, task_id: str, reason: str = "", request: Any = None) -> None:
         self.results[task_id] = "REVOKED"
@@ -162,18 +180,21 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         replace = replace and kind == "U" and self.can_replace
         key, tid, now = self.keys[kind], self.new_id("e" if explicit else "g"), clock.now()
         store = self.store
+        # jobs/unique.py: a generated id is its own request id; an explicit one gets a new one
+        request = self.new_id("r") if explicit else tid
         if replace:
             def call() -> Any:
-                return store.take_over(key, tid, UNIQUE_FOR, now=now)
+                return store.take_over(key, tid, UNIQUE_FOR, now=now, request=request)
         else:
             def call() -> Any:
-                return store.acquire(key, tid, UNIQUE_FOR, now=now)
+                return store.acquire(key, tid, UNIQUE_FOR, now=now, request=request)
         what = f"{'TAKE_OVER' if replace else 'ACQUIRE'} {kind} {tid}"
         try:
             answer = self.fates.call(fate, what, call, tid)
         except StoreUnavailable:
             self.failed.add(tid)
-            unique.undo_lock(self, store, key, tid, UNIQUE_FOR)  # type: ignore[arg-type]
+            unique.undo_lock(self, store, key, tid, UNIQUE_FOR,  # type: ignore[arg-type]
+                             request=request, generated=not explicit)
             self.undos[-1] = (tid, self.undos[-1][1])
             return
         # jobs/unique.py: a generated id that is already the holder is its own re-sent acquire
@@ -207,8 +228,8 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
             answer = self.fates.call(fate, f"DEBOUNCE {tid}", call, tid)
         except StoreUnavailable:
             self.failed.add(tid)
-            self.undos.append((tid, lambda: DebouncedJob._drop_burst(
-                self, store, key, tid)))  # type: ignore[arg-type]
+            self.undos.append((tid, lambda: bursts.undo(
+                self, store, key, tid, self.hand_over)))  # type: ignore[arg-type]
             return
         self.awaited.add(tid)
         if answer.new:
@@ -216,6 +237,15 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
             return
         self.onto(answer.message_id, tid, "absorbed")
         self.absorbed_by[tid] = answer.message_id
+
+    def hand_over(self, winner: str, due: Any, others: list[str]) -> None:
+        """jobs/debounced.py ``_undo``: the failed dispatch's burst had absorbed others; its
+        latest one is published as the burst's message, claimed already; its run answers
+        the others (``_run_burst``)."""
+        self.queue.append((winner, "C"))
+        self.claimed[winner] = [winner, *others]
+        for tid in (winner, *others):
+            self.absorbed_by[tid] = winner
 
     # -- the store -----------------------------------------------------------------------
 
@@ -243,13 +273,16 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
     @rule()
     def store_answers_again(self) -> None:
         """The store answers: every undo (rollback.py) and every re-send (W4) runs."""
+        self.run_undos()
+        while self.resends:
+            resend = self.resends.pop(0)
+            resend.apply(resend.call())
+
+    def run_undos(self) -> None:
         while self.undos:
             tid, undo = self.undos.pop(0)
             undo()
             self.undone.add(tid)
-        while self.resends:
-            resend = self.resends.pop(0)
-            resend.apply(resend.call())
 
     def entries(self) -> Iterator[tuple[str, Any]]:
         for kind, key in self.keys.items():
