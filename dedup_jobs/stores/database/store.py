@@ -245,9 +245,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         return Started(run=True, holder=None, took=outcome == "taken")
 
     def release(self, key: JobKey, owner: str) -> bool:
-        return self._guard(self._release, key, owner)  # type: ignore[no-any-return]
+        return self._guard(self._release_lock, key, owner)  # type: ignore[no-any-return]
 
-    def _release(self, key: JobKey, owner: str) -> bool:
+    def _release_lock(self, key: JobKey, owner: str) -> bool:
         """One UPDATE (statements.RELEASE): True also to the same release made again (S7)."""
         connection = connections[self.using]
         now, now_params = server_now(connection)

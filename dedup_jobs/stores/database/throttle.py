@@ -211,9 +211,9 @@ class DatabaseThrottleMixin:
                            expires_at=_dt(expires))
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        return self._guard(self._release, key, owner)  # type: ignore[no-any-return]
+        return self._guard(self._release_slot, key, owner)  # type: ignore[no-any-return]
 
-    def _release(self, key: JobKey, owner: str) -> bool:
+    def _release_slot(self, key: JobKey, owner: str) -> bool:
         rows = ThrottleKey.objects.using(self.using)
         with transaction.atomic(using=self.using):
             found = rows.filter(key=key.key).annotate(server_now=ServerNow()).values_list(
