@@ -83,17 +83,18 @@ def test_debounce_resent_after_its_burst_ran_starts_nothing(store: Any) -> None:
 
 
 def test_release_resent_answers_released(store: Any) -> None:
-    """S7/U4: RELEASE re-sent (same request id) answers 1 again, by its tombstone, and so does
-    the same owner's release made again as a new request (the worker's re-send after a lost
-    reply); another owner's release on the freed key answers 0, and a new owner's lock is
-    never deleted."""
+    """S7/U4: RELEASE re-sent (same request id) answers 1 again, by its tombstone; the same
+    owner's release made again as a new request (the worker's re-send after a lost reply)
+    answers 1 while the key is free, 0 once another owner took it; another owner's release
+    answers 0, and a new owner's lock is never deleted."""
     assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
     args = ("a", "req-1", 5000)
     assert store._call_with_tombstone("RELEASE", LOCK, *args) == 1
-    assert store.acquire(LOCK, "b", 30, now=clock.now()).acquired
-    assert store._call_with_tombstone("RELEASE", LOCK, *args) == 1
     assert store._call_with_tombstone("RELEASE", LOCK, "a", "req-2", 5000) == 1
     assert store._call_with_tombstone("RELEASE", LOCK, "c", "req-3", 5000) == 0
+    assert store.acquire(LOCK, "b", 30, now=clock.now()).acquired
+    assert store._call_with_tombstone("RELEASE", LOCK, *args) == 1
+    assert store._call_with_tombstone("RELEASE", LOCK, "a", "req-2", 5000) == 0
     assert store.get(LOCK).owner == "b"
 
 

@@ -160,9 +160,11 @@ return {1, 'held'}
 # expired locks).
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] release tombstone ("{lock key}:rel")
 # ARGV[1] owner, ARGV[2] request id, ARGV[3] tombstone ttl ms
-# Returns 1 when the caller's lock was deleted (also to the same release made again by that
-# owner, the client's re-send or the worker's, by the tombstone "request id|owner", which
-# START also reads for W5), 0 otherwise (free, or another owner's).
+# Returns 1 when the caller's lock was deleted (also to a re-send of that request, by the
+# tombstone "request id|owner", which START also reads for W5; and to the same owner's
+# release made again as a new request, the worker's re-send, while the key is still free),
+# 0 otherwise (free, or another owner's: a release whose owner lost the key to a newer one
+# says so).
 RELEASE = """
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -174,7 +176,8 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   return 1
 end
 local tomb = redis.call('GET', KEYS[3])
-if tomb then
+if tomb == ARGV[2] .. '|' .. ARGV[1] then return 1 end
+if tomb and redis.call('EXISTS', KEYS[1]) == 0 then
   local bar = string.find(tomb, '|', 1, true)
   if bar and string.sub(tomb, bar + 1) == ARGV[1] then return 1 end
 end
