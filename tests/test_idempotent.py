@@ -181,8 +181,8 @@ def test_undo_of_a_lost_lock_still_revokes_its_id(
     undos: list[Any] = []
 
     class Recorder:
-        def add(self, what: str, call: Any, *, lifetime: float, give_up: Any = None,
-                group: str = "") -> None:
+        def add(self, what: str, call: Any, *, store: object, lifetime: float,
+                give_up: Any = None) -> None:
             undos.append(call)
 
     monkeypatch.setattr(unique, "rollbacks", Recorder())

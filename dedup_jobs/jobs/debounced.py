@@ -181,7 +181,7 @@ class DebouncedJob(DedupJob):
         answers, see :mod:`dedup_jobs.jobs.rollback`)."""
         rollbacks.add(f"debounce burst {key.key} of never-published task {message_id}",
                       lambda: self._undo(store, key, message_id, alias, options),
-                      lifetime=STATE_GRACE)
+                      store=store, lifetime=STATE_GRACE)
 
     def _undo(self, store: BaseStore, key: JobKey, message_id: str, alias: str,
               options: dict[str, Any]) -> bool:

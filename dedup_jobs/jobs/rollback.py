@@ -9,10 +9,12 @@ to this module: a compare-and-delete by its own never-published id (for a deboun
 taking back the burst it started, or withdrawing it from the burst it was absorbed into, see
 ``bursts.py``). One daemon thread per process tries each undo until the
 store answers, at most ``LEASE_SECONDS / 3`` apart, so the entry is gone within
-``LEASE_SECONDS`` of the store's return. Undos are grouped by store: each round tries the
-first pending undo of every group, and the next ones of a group whose store answered, so a
-store that stays down (or is gone) costs one failing call per round and holds up no undo of
-another store. The normal path pays nothing: an undo exists only after a failure.
+``LEASE_SECONDS`` of the store's return. Undos are grouped by the store object they call
+(not by its alias: a store replaced under the same alias, its server gone, is another
+group): each round tries the first pending undo of every group, and the next ones of a group
+whose store answered, so a store that stays down (or is gone) costs one failing call per
+round and holds up no undo of another store. The normal path pays nothing: an undo exists
+only after a failure.
 
 A dispatch that was deduplicated onto the never-published id in the meantime (possible only
 while the lost reply's lock stood) would wait forever on a result nobody writes: an undo that
@@ -47,7 +49,7 @@ class _Undo:
     call: Callable[[], bool]  # True: it removed something; raises while the store is down
     until: float  # time.monotonic() after which the entry has expired by itself
     give_up: Callable[[], None] | None = None  # what is still owed then (a result to mark)
-    group: str = ""  # the store it calls (its alias): a failure puts off that store's only
+    group: int  # the store it calls (its identity): a failure puts off that store's only
 
 
 class Rollbacks:
@@ -61,14 +63,15 @@ class Rollbacks:
         self._thread: threading.Thread | None = None
 
     def add(
-        self, what: str, call: Callable[[], bool], *, lifetime: float,
-        give_up: Callable[[], None] | None = None, group: str = "",
+        self, what: str, call: Callable[[], bool], *, store: object, lifetime: float,
+        give_up: Callable[[], None] | None = None,
     ) -> None:
         """Undo ``what`` by ``call()`` as soon as the store answers; give up after
         ``lifetime`` seconds, when the entry has expired by itself (then ``give_up()``).
-        ``group``: the store ``call`` talks to (undos of one group wait for each other)."""
+        ``store``: the store object ``call`` talks to (undos of one store wait for each
+        other; ``call`` holds it, so its identity is not reused while the undo waits)."""
         undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime,
-                     give_up=give_up, group=group)
+                     give_up=give_up, group=id(store))
         with self._mutex:
             if len(self._pending) >= MAX_PENDING:
                 dropped = self._pending.popleft()
@@ -107,7 +110,7 @@ class Rollbacks:
     def _round(self, batch: list[_Undo]) -> bool:
         """Try each undo of ``batch`` in order, skipping the rest of a group once one of its
         calls failed; True when one did."""
-        down: set[str] = set()
+        down: set[int] = set()
         for undo in batch:
             if undo.group in down:
                 continue

@@ -169,7 +169,7 @@ def release_slot(job_name: str, slot: Slot | None) -> None:
             job_name, slot.owner, slot.key.key, exc_info=True)
         rollbacks.add(f"the concurrency slot of {slot.key.key} held by task {slot.owner}",
                       lambda: bool(slot.store.throttle_release(slot.key, slot.owner)),
-                      lifetime=app_settings.LEASE_SECONDS)
+                      store=slot.store, lifetime=app_settings.LEASE_SECONDS)
 
 
 @contextmanager

@@ -356,7 +356,7 @@ class UniqueJob(DedupJob):
                 exc_info=True,
             )
             rollbacks.add(f"{key.key} of finished task {owner}",
-                          lambda: bool(store.release(key, owner)),
+                          lambda: bool(store.release(key, owner)), store=store,
                           lifetime=self.lock_ttl() + app_settings.LEASE_SECONDS)
             return
         if released and not quiet:
@@ -407,8 +407,8 @@ def undo_lock(
             revoke()
         return removed
 
-    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, lifetime=ttl,
-                  give_up=revoke if generated else None, group=store.alias)
+    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
+                  lifetime=ttl, give_up=revoke if generated else None)
 
 
 class UniqueUntilProcessingJob(UniqueJob):

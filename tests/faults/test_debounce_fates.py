@@ -17,9 +17,12 @@ from celery.utils import uuid
 
 from dedup_jobs import DebouncedJob
 from dedup_jobs.exceptions import StoreUnavailable
-from tests.faults.jobs import DEBOUNCE_FOR, _body, bodies, fault_debounced
+from dedup_jobs.jobs.rollback import rollbacks
+from dedup_jobs.stores import get_store
+from tests.faults.jobs import DEBOUNCE_FOR, _body, bodies, fault_debounced, fault_unique
 from tests.faults.proxy import Proxy
-from tests.faults.store import burst_of, faulty_store, until
+from tests.faults.servers import free_port
+from tests.faults.store import FAULTY, burst_of, faulty_store, until
 from tests.guard_support import token
 from tests.workers import thread_worker
 
@@ -97,3 +100,15 @@ def test_lost_reply_of_an_absorbed_dispatch(app: Any, store_proxy: Proxy) -> Non
         ran = [b["value"] for b in bodies(t)]
     assert ready and ran == [1] and first.result == 1, (
         f"bodies ran with {ran}; first {first.state} {first.result}")
+
+
+def test_an_undo_on_a_store_that_is_gone_holds_up_no_other(app: Any, store_proxy: Proxy) -> None:
+    """S7 across stores: a release left pending on a store that is gone (an earlier store
+    of the same alias, its server stopped) never holds up the undo of a failed dispatch on
+    the store that answers: the burst still runs with the last published arguments."""
+    with faulty_store(f"redis://127.0.0.1:{free_port()}"):  # nothing listens there
+        gone = get_store(FAULTY)
+        key = fault_unique.job_key((token(),), {})
+        fault_unique._finish(gone, key, "finished-owner", FAULTY, "success")  # cannot release
+    assert rollbacks.pending() >= 1
+    test_lost_reply_of_a_bursts_first_dispatch(app, store_proxy)
