@@ -73,7 +73,9 @@ def test_the_flush_thread_writes_within_its_interval() -> None:
 
     tally.take()
     with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "METRICS_FLUSH_SECONDS": 0.3}):
-        history.flusher._pid = 0  # as in a new process
+        # as in a new process (as after a fork: no metrics thread yet, none started)
+        metrics._forked()
+        history.flusher._pid = 0
         try:
             jobs.unique_sleep.delay("flushed-by-thread")
             jobs.unique_sleep.delay("flushed-by-thread")
@@ -83,6 +85,7 @@ def test_the_flush_thread_writes_within_its_interval() -> None:
         finally:
             history.flusher._pid = -1  # its loop ends at its next wake-up
             history.flusher._wake.set()
+            metrics._forked()  # the next decision starts this process's thread again
     row = DecisionCount.objects.get(resolution=MINUTE, job="tests.unique_sleep",
                                     outcome="dispatched")
     assert row.count == 1
