@@ -1,7 +1,8 @@
-"""S7 on the Redis store: every script sent twice (a lost reply, the client's re-send) answers as
-the first did and changes nothing more; a dispatch script run past its caller's deadline
-changes nothing. The fault tests (tests/faults/) make the real server lose and delay replies;
-these call the store's scripts twice on purpose, the way a re-send reaches the server."""
+"""S7 on the Redis store, what only its scripts have: request ids and tombstones, the server's
+clock. The fault tests (tests/faults/) make the real server lose and delay replies; these
+call the store's scripts twice on purpose, the way a re-send reaches the server. The rules
+every store keeps (a decision made again, a decision past its deadline) are in
+tests/test_idempotent_stores.py, on the Redis family too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dedup_jobs import clock
 from dedup_jobs.jobs import unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import CLAIMED, encode_call
+from dedup_jobs.stores.base import encode_call
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
@@ -33,53 +34,6 @@ def store(family_store: str) -> Any:
 def debounce(store: Any, task_id: str, value: int) -> Any:
     return store.debounce(BURST, task_id, encode_call([value], {}), now=clock.now(),
                           debounce_for=0.01, max_wait=None, ttl=60.0)
-
-
-def test_debounce_resent_by_the_burst_starter_still_publishes(store: Any) -> None:
-    """S7/D1: the first dispatch's DEBOUNCE re-sent answers "new" again (the caller still
-    publishes the burst's one message) and is not absorbed into its own burst."""
-    first = debounce(store, "a", 1)
-    again = debounce(store, "a", 1)
-    assert (again.new, again.message_id, again.superseded) == (first.new, "a", None)
-    assert store.get_debounce(BURST).count == 1
-
-
-def test_debounce_resent_after_absorbing_answers_the_same(store: Any) -> None:
-    """S7/D3: an absorbed dispatch re-sent, even after a later one, changes nothing: the
-    latest stays the later one, each id is listed once, the same id is superseded."""
-    debounce(store, "a", 1)
-    first = debounce(store, "b", 2)
-    debounce(store, "c", 3)
-    again = debounce(store, "b", 2)
-    assert (again.new, again.message_id, again.superseded) == (False, "a", "a") == (
-        first.new, first.message_id, first.superseded)
-    state = store.get_debounce(BURST)
-    assert (state.count, state.latest_id, state.args) == (3, "c", (3,))
-    due = store.claim_due(BURST, "a", now=clock.now() + 1)
-    assert due.action == CLAIMED and due.absorbed == ("a", "b", "c")
-
-
-def test_claim_resent_gets_the_same_latest_arguments_and_ids(store: Any) -> None:
-    """S7/D4: a CLAIM re-sent by the message that claimed the burst gets the same latest
-    arguments and absorbed ids (not "missing", which would run the first dispatch's)."""
-    debounce(store, "a", 1)
-    debounce(store, "b", 2)
-    first = store.claim_due(BURST, "a", now=clock.now() + 1)
-    again = store.claim_due(BURST, "a", now=clock.now() + 1)
-    assert first.action == again.action == CLAIMED
-    assert (again.latest_id, again.args, again.absorbed) == ("b", (2,), ("a", "b"))
-    # the burst is over: the next dispatch starts a new one
-    assert debounce(store, "d", 4).new
-
-
-def test_debounce_resent_after_its_burst_ran_starts_nothing(store: Any) -> None:
-    """S7/D5: a dispatch whose burst was claimed, re-sent late, is not a new burst."""
-    debounce(store, "a", 1)
-    debounce(store, "b", 2)
-    assert store.claim_due(BURST, "a", now=clock.now() + 1).action == CLAIMED
-    again = debounce(store, "b", 2)
-    assert not again.new and again.message_id == "a"
-    assert store.get_debounce(BURST) is None
 
 
 def test_release_resent_answers_released(store: Any) -> None:
@@ -108,25 +62,6 @@ def test_until_processing_start_resent_is_not_skipped(store: Any) -> None:
     again = store.start(LOCK, "a", 30, now=clock.now(), release=True, delivery="d1")
     assert again.run and again.released
     assert store.get(LOCK).owner == "b"
-
-
-def test_acquire_past_its_deadline_changes_nothing(store: Any) -> None:
-    """S7/U6: an ACQUIRE the server runs after its caller's deadline (the caller already
-    raised StoreUnavailable) takes no lock."""
-    late = int(clock.now() * 1000) - 1000
-    answer = store._call("ACQUIRE", LOCK, "a", 30000, late, "0", LOCK.task_name, LOCK.ident)
-    assert answer.decode().startswith("L")
-    assert store.get(LOCK) is None
-
-
-def test_debounce_past_its_deadline_changes_nothing(store: Any) -> None:
-    """S7/D7: a DEBOUNCE run past its caller's deadline starts no burst."""
-    late = int(clock.now() * 1000) - 1000
-    keys = store._debounce_keys(BURST)
-    answer = store._eval("DEBOUNCE", keys, ("a", encode_call([1], {}), int(clock.now() * 1000),
-                                             10, "", 60000, BURST.task_name, BURST.ident, late))
-    assert answer[0] == 2
-    assert store.get_debounce(BURST) is None
 
 
 def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, server_client: Any) -> None:

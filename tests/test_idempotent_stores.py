@@ -1,9 +1,9 @@
-"""S7 on the stores outside the Redis family (locmem, memcached, the database store on SQLite,
+"""S7 on every store (the Redis family, locmem, memcached, the database store on SQLite,
 PostgreSQL and MariaDB): a decision made twice (a lost reply, the client's re-send) answers
 as the first did and changes nothing more; a dispatch decision that reaches the store past
-its caller's deadline changes nothing. tests/test_idempotent.py does the same on the Redis
-family by sending its scripts twice; these stores take no request id, so the re-send is the
-same call made again, and "late" is a deadline (``deadline_ms``) already past."""
+its caller's deadline changes nothing. The re-send is the same call made again, and "late"
+is a deadline (``deadline_ms``) already past. tests/test_idempotent.py adds what only the
+Redis scripts have: request ids and tombstones, the server's clock."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, BaseStore, encode_call
-from tests.conftest import LOCMEM, MARIADB, POSTGRES, store_fixture
+from tests.conftest import LOCMEM, MARIADB, POSTGRES, REDIS_FAMILY, store_fixture
 
 pytestmark = pytest.mark.django_db(databases="__all__")
 
 store_name = store_fixture([
-    LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
+    *REDIS_FAMILY, LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
     pytest.param("memcached", id="memcached"),
 ])
 
@@ -50,6 +50,11 @@ def debounce(store: BaseStore, task_id: str, value: int) -> Any:
                           debounce_for=0.01, max_wait=None, ttl=60.0)
 
 
+#: how a store says the call came too late: its own check of the deadline (``past its
+#: caller's deadline``), or the Redis scripts' refusal on the server's clock
+LATE = r"past its caller's deadline|refused the [\w-]+ as late"
+
+
 def past_deadline(store: BaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The caller gave up a second ago (STORE_TIMEOUT passed before the call got through)."""
     monkeypatch.setattr(store, "deadline_ms", lambda: int(clock.now() * 1000) - 1000)
@@ -61,7 +66,7 @@ def test_acquire_past_its_deadline_changes_nothing(
     """S7/U6: an acquire that reaches the store after its caller's deadline (the caller raised
     StoreUnavailable and undid it already) takes no lock: no orphan lock for unique_for."""
     past_deadline(store, monkeypatch)
-    with pytest.raises(StoreUnavailable, match="past its caller's deadline"):
+    with pytest.raises(StoreUnavailable, match=LATE):
         store.acquire(LOCK, "a", 30, now=clock.now(), request="a")
     assert store.get(LOCK) is None
 
@@ -72,7 +77,7 @@ def test_take_over_past_its_deadline_changes_nothing(
     """S7/R1: a late take-over neither takes the key nor replaces its queued holder."""
     assert store.acquire(LOCK, "a", 30, now=clock.now()).acquired
     past_deadline(store, monkeypatch)
-    with pytest.raises(StoreUnavailable, match="past its caller's deadline"):
+    with pytest.raises(StoreUnavailable, match=LATE):
         store.take_over(LOCK, "b", 30, now=clock.now(), request="b")
     assert store.get(LOCK).owner == "a"  # type: ignore[union-attr]
 
@@ -82,7 +87,7 @@ def test_debounce_past_its_deadline_changes_nothing(
 ) -> None:
     """S7/D7: a late debounce starts no burst (whose message would never be published)."""
     past_deadline(store, monkeypatch)
-    with pytest.raises(StoreUnavailable, match="past its caller's deadline"):
+    with pytest.raises(StoreUnavailable, match=LATE):
         debounce(store, "a", 1)
     assert store.get_debounce(BURST) is None
 
