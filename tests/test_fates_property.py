@@ -129,8 +129,8 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
 
     # -- stand-ins -----------------------------------------------------------------------
 
-    def add(self, what: str, call: Callable[[], Any], *, lifetime: float,
-            give_up: Callable[[], None] | None = None, group: str | None = None) -> None:
+    def add(self, what: str, call: Callable[[], Any], *, store: object, lifetime: float,
+            give_up: Callable[[], None] | None = None) -> None:
         self.undos.append((what, call))
 
     def encode_result(self, result: Any, state: str) -> Any:

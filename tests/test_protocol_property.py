@@ -120,8 +120,8 @@ class LockProtocol(RuleBasedStateMachine):
     # -- helpers and dispatch ------------------------------------------------------------
 
     def add(
-        self, what: str, call: Callable[[], bool], *, lifetime: float,
-        give_up: Callable[[], None] | None = None, group: str = "",
+        self, what: str, call: Callable[[], bool], *, store: object, lifetime: float,
+        give_up: Callable[[], None] | None = None,
     ) -> None:
         self.undos.append(("", call))
 
