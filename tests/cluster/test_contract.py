@@ -2,7 +2,8 @@
 
 The test functions below are the very ones of tests/test_stores.py, tests/test_debounce_store.py,
 tests/test_debounce_stale.py (D9, S7's withdraw),
-tests/test_flow_store.py, tests/test_idempotent.py, tests/test_start_fates.py,
+tests/test_flow_store.py, tests/test_idempotent.py, tests/test_idempotent_stores.py,
+tests/test_start_fates.py,
 tests/test_throttle_store.py and
 tests/test_id_hooks.py (U1-U7, P1-P2, D1-D8, R1-R2, S7, T2-T3, A4),
 collected again here with this directory's ``store_name`` fixture (tests/cluster/conftest.py):
@@ -39,14 +40,19 @@ from tests.test_id_hooks import (  # noqa: F401 (collected here)
     test_no_two_pairs_share_a_lock_on_any_store,
 )
 from tests.test_idempotent import (  # noqa: F401 (collected here)
+    test_a_late_renewal_takes_nothing_back,
+    test_release_resent_answers_released,
+    test_until_processing_start_resent_is_not_skipped,
+)
+from tests.test_idempotent_stores import (  # noqa: F401 (collected here)
     test_acquire_past_its_deadline_changes_nothing,
+    test_acquire_resent_with_an_explicit_id_answers_taken,
     test_claim_resent_gets_the_same_latest_arguments_and_ids,
     test_debounce_past_its_deadline_changes_nothing,
     test_debounce_resent_after_absorbing_answers_the_same,
     test_debounce_resent_after_its_burst_ran_starts_nothing,
     test_debounce_resent_by_the_burst_starter_still_publishes,
-    test_release_resent_answers_released,
-    test_until_processing_start_resent_is_not_skipped,
+    test_take_over_past_its_deadline_changes_nothing,
 )
 from tests.test_start_fates import (  # noqa: F401 (collected here)
     test_a_resent_start_past_its_deadline_changes_nothing,
