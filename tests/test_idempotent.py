@@ -64,6 +64,17 @@ def test_until_processing_start_resent_is_not_skipped(store: Any) -> None:
     assert store.get(LOCK).owner == "b"
 
 
+def test_a_late_renewal_takes_nothing_back(store: Any) -> None:
+    """S7/W6: a RENEW that lands past its caller's deadline (the run may have ended and
+    released meanwhile) does not take the free key back; one in time does."""
+    late = int(clock.now() * 1000) - 1000
+    args = ("a", 30000, late, LOCK.task_name, LOCK.ident, "d1")
+    assert store._call("RENEW", LOCK, *args).decode().startswith("L")
+    assert store.get(LOCK) is None
+    renewed = store.renew(LOCK, "a", 30, now=clock.now(), delivery="d1")
+    assert renewed.held and renewed.retaken and store.get(LOCK).owner == "a"
+
+
 def test_a_server_clock_ahead_costs_one_retry_then_none(store: Any, server_client: Any) -> None:
     """S7: a server whose clock runs ahead refuses the first acquire as late although its
     answer came in time; the store learns the skew, and the same call takes the lock."""

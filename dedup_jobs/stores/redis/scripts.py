@@ -188,12 +188,14 @@ return 0
 # now + ttl (never shortens it); take the key back for the caller when it is free (the lock
 # was flushed, evicted or released under the running job, W6); never touch another owner's.
 # KEYS[1] lock key, KEYS[2] index key
-# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] unused (server TIME), ARGV[4] task name,
-# ARGV[5] readable id, ARGV[6] the running delivery's nonce ("": unknown), kept in 'run' as
-# START leaves it, so that W5 still tells a second delivery from this run
+# ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] the caller's deadline (epoch ms, server clock), ARGV[4]
+# task name, ARGV[5] readable id, ARGV[6] the running delivery's nonce ("": unknown), kept in
+# 'run' as START leaves it, so that W5 still tells a second delivery from this run
 # Returns "1" when the caller held the lock (extended or already long enough), "2" when the
 # key was free and the caller holds it again (state running, its index entry back), or
 # "0" .. holder when another owner holds it. A re-send answers "1" and changes nothing more.
+# S7: a take-back past the caller's deadline (a late renewal: the run may have ended and
+# released since) changes nothing and answers "L" .. server time.
 RENEW = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur and cur ~= ARGV[1] then
@@ -209,6 +211,7 @@ local expires = now + ttl
 if cur then
   redis.call('HSET', KEYS[1], 'expires', expires)
 else
+  if now > tonumber(ARGV[3]) then return 'L' .. now end
   redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'running', 'acquired', now,
              'expires', expires, 'task', ARGV[4], 'id', ARGV[5])
   if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'run', ARGV[6], 'took', '0') end

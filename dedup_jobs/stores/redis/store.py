@@ -144,12 +144,17 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
     ) -> Renewed:
-        answer = _text(self._call(
-            "RENEW", key, owner, _ms(ttl), _ms(now), key.task_name, key.ident, delivery or "",
-        ))
-        if answer[0] == "0":
-            return Renewed(held=False, holder=answer[1:])
-        return Renewed(held=True, retaken=answer == "2")
+        for _attempt in range(2):
+            answer = _text(self._call(
+                "RENEW", key, owner, _ms(ttl), self.deadline_ms(), key.task_name, key.ident,
+                delivery or "",
+            ))
+            if answer[0] == "0":
+                return Renewed(held=False, holder=answer[1:])
+            if answer[0] != "L":
+                return Renewed(held=True, retaken=answer == "2")
+            self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
+        raise StoreUnavailable(self.alias, "the server refused the renewal as late twice")
 
     # -- debounce -----------------------------------------------------------------------
 
