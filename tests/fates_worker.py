@@ -51,7 +51,7 @@ class WorkerRules:
 
     def check_call(self, tid: str, kind: str, nonce: str) -> tuple[str, Callable[[], Any]]:
         store, now = self.store, clock.now()
-        if kind in ("U", "P"):
+        if kind in ("U", "R", "P"):
             return f"START {kind} {tid}", lambda: store.start(
                 self.keys[kind], tid, LEASE, now=now, release=kind == "P", delivery=nonce)
         if kind == "X":
@@ -67,8 +67,8 @@ class WorkerRules:
 
     def release_call(self, body: Body) -> Callable[[], Any]:
         store, tid = self.store, body.tid
-        if body.kind == "U":
-            return lambda: store.release(self.keys["U"], tid)
+        if body.kind in ("U", "R"):
+            return lambda: store.release(self.keys[body.kind], tid)
         if body.kind == "X":
             return lambda: store.release(running_key(self.keys["X"]), tid)
         return lambda: store.throttle_release(self.tkey, tid)
@@ -105,11 +105,12 @@ class WorkerRules:
             self.bodies.append(body)
             self.resends.append(Resend(what, tid, call, lambda a: self.reconciled(body, a)))
             return
-        # W7: a limit admission that failed defers (store_errors.defer_for_store): the same
-        # task id is published again; the exclusive check's copy carries its nonce (jobs/
-        # admission.py check_lock), the throttle check's asks again with a new one
+        # W7: a limit admission that failed defers (store_errors.defer_for_store), and so does
+        # a replace job's check (R1: its take-over may find the store thinking it queued): the
+        # same task id is published again; the exclusive and the replace check's copy carries
+        # its nonce (jobs/admission.py check_lock), the throttle check's asks again
         self.queue.append((tid, kind))
-        if kind == "X":
+        if kind in ("X", "R"):
             self.nonces[tid] = nonce
 
     def reconciled(self, body: Body, answer: Any) -> None:
@@ -181,7 +182,7 @@ class WorkerRules:
             def call() -> Any:
                 return store.throttle_renew(self.tkey, tid, SLOT_LEASE, limit=SLOTS)
         else:
-            key = self.keys["U"] if body.kind == "U" else running_key(self.keys["X"])
+            key = running_key(self.keys["X"]) if body.kind == "X" else self.keys[body.kind]
 
             def call() -> Any:
                 return store.renew(key, tid, LEASE, now=now, delivery=body.nonce)

@@ -6,8 +6,8 @@ MariaDB, memcached, locmem), each for the kinds it supports (take_over, start_ex
 throttling asked of the store itself). Each store call takes a fate, injected at the client
 (tests/fates_model.py): ok, resent (reply lost, the client's re-send answers), never sent,
 executed with its reply lost, or executed late (it lands at a later step, past its caller's
-deadline). Kinds: U a UniqueJob (dispatched by acquire or, ``on_duplicate="replace"``,
-take_over; a generated or an explicit task id), P a UniqueUntilProcessingJob, X one with
+deadline). Kinds: U a UniqueJob (dispatched by acquire; a generated or an explicit task id), R
+one with ``on_duplicate="replace"`` (take_over), P a UniqueUntilProcessingJob, X one with
 ``without_overlapping`` (start_exclusive), T a ThrottledJob with ``concurrency=2``, D a
 DebouncedJob (debounce, claim_due).
 
@@ -102,7 +102,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         self.store, self.fates = store, Fates(store, store_name)
         run = uuid.uuid4().hex[:10]
         self.keys = {kind: build_key("unique", "tests.fates", f"{run}-{kind}")
-                     for kind in ("U", "P", "X")}
+                     for kind in ("U", "R", "P", "X")}
         self.tkey = build_key("throttle", "tests.fates", f"{run}-T")
         self.dkey = build_key("debounce", "tests.fates", f"{run}-D")
         self.can_replace = supports(store, "take_over")
@@ -174,12 +174,13 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
 
     # -- dispatch ------------------------------------------------------------------------
 
-    @rule(kind=st.sampled_from(["U", "P", "X"]), explicit=st.booleans(),
-          replace=st.booleans(), fate=fates)
-    def dispatch(self, kind: str, explicit: bool, replace: bool, fate: str) -> None:
-        """U1/U2/R1 and S7: acquire (or take_over) with a generated or an explicit id."""
+    @rule(kind=st.sampled_from(["U", "R", "P", "X"]), explicit=st.booleans(), fate=fates)
+    def dispatch(self, kind: str, explicit: bool, fate: str) -> None:
+        """U1/U2/R1 and S7: acquire (or, the replace job R, take_over) with a generated or an
+        explicit id."""
         kind = "P" if kind == "X" and not self.can_exclude else kind
-        replace = replace and kind == "U" and self.can_replace
+        kind = "U" if kind == "R" and not self.can_replace else kind
+        replace = kind == "R"
         key, tid, now = self.keys[kind], self.new_id("e" if explicit else "g"), clock.now()
         store = self.store
         # jobs/unique.py: a generated id is its own request id; an explicit one gets a new one
@@ -297,7 +298,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
     @invariant()
     def limits_hold(self) -> None:
         """U3/W1, R2, T2: never two runs of a U or X key at once, never more than SLOTS of T."""
-        for kind, most in (("U", 1), ("X", 1), ("T", SLOTS)):
+        for kind, most in (("U", 1), ("R", 1), ("X", 1), ("T", SLOTS)):
             here = [b.tid for b in self.bodies if b.kind == kind]
             assert len(here) <= most, f"{len(here)} runs of the {kind} key at once: {here}"
 
@@ -320,8 +321,8 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
                 f"S7/W4: {name} held by {info.owner} ({info.state}), which is neither queued "
                 f"nor running, for {left} s more")
         for body in self.bodies:
-            if body.holds and body.kind in ("U", "X"):
-                key = self.keys["U"] if body.kind == "U" else running_key(self.keys["X"])
+            if body.holds and body.kind in ("U", "R", "X"):
+                key = running_key(self.keys["X"]) if body.kind == "X" else self.keys[body.kind]
                 info = self.store.get(key)
                 assert info is not None and info.owner == body.tid, (
                     f"W1/W4: running {body.tid} does not hold its {body.kind} grant: {info}")
