@@ -165,3 +165,25 @@ def test_acquire_resent_with_an_explicit_id_answers_taken(store: BaseStore) -> N
     assert again.acquired and again.holder == "x"
     other = store.acquire(LOCK, "x", 30, now=clock.now(), request="r2")
     assert not other.acquired and other.holder == "x"
+
+
+def test_claim_resent_after_a_later_burst_was_claimed(
+    store: BaseStore, request: pytest.FixtureRequest, store_name: str
+) -> None:
+    """D4/S7: a claim made again by its message (its reply was lost, the message tried again)
+    after a later burst of the key was claimed (by its own message, or by the undo of a
+    failed dispatch) gets its own answer back, with every absorbed id, not "missing" (which
+    runs the message alone and leaves the ids it absorbed waiting forever)."""
+    no_claim_record_on_the_database(request, store_name)
+    debounce(store, "d1", 1)
+    debounce(store, "d2", 2)
+    first = store.claim_due(BURST, "d1", now=clock.now() + 1)
+    assert first.action == CLAIMED and first.absorbed == ("d1", "d2")
+    assert debounce(store, "d3", 3).new
+    later = store.claim_due(BURST, "d3", now=clock.now() + 100)  # the undo's claim
+    assert later.action == CLAIMED and later.absorbed == ("d3",)
+    again = store.claim_due(BURST, "d1", now=clock.now() + 1)
+    assert (again.action, again.latest_id, again.args, again.absorbed) == (
+        CLAIMED, "d2", (2,), ("d1", "d2"))
+    # and the later claim's re-send still answers as it did
+    assert store.claim_due(BURST, "d3", now=clock.now() + 100).absorbed == ("d3",)

@@ -1,10 +1,10 @@
 """S7/W4 on the Redis store: the worker's checks under the "late" fate (the call reaches the
-server after its caller gave up, so the caller already ran W4 or deferred, W7) and the claim
-record under a re-send (issue 21: START, START_EXCLUSIVE and CLAIM). A late check changes
-nothing (it carries its caller's deadline, as ACQUIRE does): whatever the check should have
-taken is taken by the re-send the reconciliation (W4) or the deferred copy (W7) sends with a
-deadline of its own. A re-sent CLAIM gets its own answer back whatever burst was claimed
-since. Found by tests/test_fates_property.py's minimal examples."""
+server after its caller gave up, so the caller already ran W4 or deferred, W7; issue 21:
+START, START_EXCLUSIVE). A late check changes nothing (it carries its caller's deadline, as
+ACQUIRE does): whatever the check should have taken is taken by the re-send the
+reconciliation (W4) or the deferred copy (W7) sends with a deadline of its own. (The claim
+record under a re-send is proved on every store in tests/test_idempotent_stores.py.) Found by
+tests/test_fates_property.py's minimal examples."""
 
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import CLAIMED, encode_call, running_key
+from dedup_jobs.stores.base import running_key
 from tests.fates_model import past_deadline
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
 
 LOCK = build_key("unique", "tests.start_fates", "item=1")
-BURST = build_key("debounce", "tests.start_fates", "item=1")
 LEASE = 30.0
 
 
@@ -92,28 +91,3 @@ def test_a_resent_start_past_its_deadline_changes_nothing(store: Any) -> None:
                                            delivery="n1"))
     lock = store.get(LOCK)
     assert (lock.owner, lock.state) == ("g1", "running")
-
-
-def _debounce(store: Any, task_id: str, value: int) -> Any:
-    return store.debounce(BURST, task_id, encode_call([value], {}), now=clock.now(),
-                          debounce_for=0.01, max_wait=None, ttl=60.0)
-
-
-def test_claim_resent_after_a_later_burst_was_claimed(store: Any) -> None:
-    """D4/S7: "results never ready: {'d3'}" — a CLAIM re-sent by its message (its reply was
-    lost, the message tried again) after a later burst of the key was claimed (by its own
-    message, or by the undo of a failed dispatch) gets its own answer back, with every
-    absorbed id, not "missing" (which runs the message alone and leaves the ids it absorbed
-    waiting forever)."""
-    _debounce(store, "d1", 1)
-    _debounce(store, "d2", 2)
-    first = store.claim_due(BURST, "d1", now=clock.now() + 1)
-    assert first.action == CLAIMED and first.absorbed == ("d1", "d2")
-    assert _debounce(store, "d3", 3).new
-    later = store.claim_due(BURST, "d3", now=clock.now() + 100)  # the undo's claim
-    assert later.action == CLAIMED and later.absorbed == ("d3",)
-    again = store.claim_due(BURST, "d1", now=clock.now() + 1)
-    assert (again.action, again.latest_id, again.args, again.absorbed) == (
-        CLAIMED, "d2", (2,), ("d1", "d2"))
-    # and the later claim's re-send still answers as it did
-    assert store.claim_due(BURST, "d3", now=clock.now() + 100).absorbed == ("d3",)

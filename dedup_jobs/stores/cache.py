@@ -364,7 +364,9 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
 
     @decision
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
-        claimed = f"{key.key}:claimed"
+        # S7: the claim record of this message (one per message, so a later burst's claim
+        # never hides it from this claim made again)
+        claimed = f"{key.key}:claimed:{message_id}"
         with self._mutex(key):
             found = self.calls.get_many([key.key, claimed])
             state, record = found.get(key.key), found.get(claimed)

@@ -47,6 +47,7 @@ from tests.test_idempotent import (  # noqa: F401 (collected here)
 from tests.test_idempotent_stores import (  # noqa: F401 (collected here)
     test_acquire_past_its_deadline_changes_nothing,
     test_acquire_resent_with_an_explicit_id_answers_taken,
+    test_claim_resent_after_a_later_burst_was_claimed,
     test_claim_resent_gets_the_same_latest_arguments_and_ids,
     test_debounce_past_its_deadline_changes_nothing,
     test_debounce_resent_after_absorbing_answers_the_same,
@@ -56,7 +57,6 @@ from tests.test_idempotent_stores import (  # noqa: F401 (collected here)
 )
 from tests.test_start_fates import (  # noqa: F401 (collected here)
     test_a_resent_start_past_its_deadline_changes_nothing,
-    test_claim_resent_after_a_later_burst_was_claimed,
     test_late_start_exclusive_takes_no_running_marker,
     test_late_start_takes_no_lock_for_a_run_that_ended,
     test_late_until_processing_start_changes_nothing,
