@@ -317,7 +317,8 @@ class BaseStore(ABC):
         """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed
         with StoreUnavailable (its reply lost): its lock, or, for a take-over, the lock given
         back to the queued holder it replaced. True when something was undone. The Redis
-        family matches the request; other stores release ``owner``'s lock."""
+        family and the cache stores match the request and give a take-over back; the
+        database store releases ``owner``'s lock."""
         return self.release(key, owner)
 
     @abstractmethod

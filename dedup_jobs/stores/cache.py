@@ -55,7 +55,7 @@ from dedup_jobs.stores.base import (
     stale_grace,
 )
 from dedup_jobs.stores.cache_debounce import CacheDebounceMixin, due_of
-from dedup_jobs.stores.cache_flow import CacheFlowMixin
+from dedup_jobs.stores.cache_flow import CacheFlowMixin, taken_over_age
 
 if TYPE_CHECKING:
     from dedup_jobs.stores.memcached import MemcachedClient
@@ -241,14 +241,18 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
         delivery = delivery or uuid()
-        calls = self.calls
+        # S7: a check that reaches the store past its caller's deadline (the worker ran W4 or
+        # deferred already) writes nothing: its re-send, with a deadline of its own, does
+        calls, deadline = self.calls, self.deadline_ms()
         for _ in range(5):
             current, token = calls.gets(key.key)
             if current is not None and current["owner"] != owner:
-                return Started(run=False, holder=str(current["owner"]))
+                return Started(run=False, holder=str(current["owner"]),
+                               taken_over=taken_over_age(current, owner, now))
             if (not release and current is not None and current["state"] == RUNNING
                     and current.get("run", delivery) != delivery):
                 return Started(run=False, holder=owner, live=True)  # W5: another delivery runs
+            self._in_time(deadline)
             if release:
                 if current is None:
                     return Started(run=True, holder=None)
@@ -286,15 +290,17 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
     ) -> Renewed:
-        calls = self.calls
+        calls, deadline = self.calls, self.deadline_ms()
         for _ in range(5):
             current, token = calls.gets(key.key)
             if current is None:
                 # Gone (evicted, flushed, expired, released): take it back, "must create",
-                # under the running delivery's nonce as start() leaves it (W5).
+                # under the running delivery's nonce as start() leaves it (W5); S7: not past
+                # the caller's deadline (a late renewal: the run may have ended and released)
                 value = self._value(key, owner, RUNNING, now, ttl)
                 if delivery:
                     value.update(run=delivery, took=False)
+                self._in_time(deadline)
                 if calls.add(key.key, value, ttl):
                     return Renewed(held=True, retaken=True)
                 continue  # somebody took it in between: decide on what is there now

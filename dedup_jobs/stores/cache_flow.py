@@ -10,16 +10,35 @@ in the rest of the store."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from celery.utils import uuid
 
+from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
 
 #: times a decision is tried when the lock changed under its cas-guarded write
 ATTEMPTS = 5
+
+
+def replaced_chain(value: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+    """The queued locks a take-over replaced, newest first (each rides in the next one's
+    ``previous`` until the lock runs or is released)."""
+    value = None if value is None else value.get("previous")
+    while value is not None:
+        yield value
+        value = value.get("previous")
+
+
+def taken_over_age(current: dict[str, Any], owner: str, now: float) -> float | None:
+    """R1/S7: seconds since a take-over replaced ``owner``'s queued lock, if ``current``
+    (another owner's) carries it; None when ``owner`` was not replaced."""
+    if any(entry["owner"] == owner for entry in replaced_chain(current)):
+        return max(0.0, now - float(current["acquired"]))
+    return None
 
 
 class CacheFlowMixin:
@@ -47,7 +66,9 @@ class CacheFlowMixin:
                     return Acquired(acquired=False, holder=str(current["owner"]))
                 replaced = None if current is None else str(current["owner"])
                 self._in_time(deadline)  # S7: a late take-over changes nothing
-                value = {**self._value(key, owner, QUEUED, now, ttl), "replaced": replaced or ""}
+                # the replaced holder's lock rides along: an undo gives it back (S7, R1)
+                value = {**self._value(key, owner, QUEUED, now, ttl), "replaced": replaced or "",
+                         "req": request or "", "previous": current}
                 if current is None:
                     if calls.add(key.key, value, ttl):
                         return Acquired(acquired=True, holder=owner)
@@ -57,12 +78,52 @@ class CacheFlowMixin:
                 # changed or gone since the read (expired, taken by a plain acquire)
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
+        """S7: undo the failed dispatch ``request`` of ``owner``: its own lock is deleted, or
+        for a take-over given back to the queued lock it replaced; a take-over of it by a
+        later dispatch drops it from that lock's chain, so a later undo never gives the key
+        back to a dispatch that failed (chained take-overs)."""
+        calls = self.calls
+        with calls.decision(), self._mutex(key):
+            for _ in range(ATTEMPTS):
+                current, token = calls.gets(key.key)
+                if current is None:
+                    return False
+
+                def mine(entry: dict[str, Any]) -> bool:
+                    return bool(entry["owner"] == owner and (
+                        not request or entry.get("req", "") in ("", request)))
+
+                if mine(current):
+                    if current["state"] == RUNNING:
+                        return False  # it runs (a re-send of an explicit id's dispatch)
+                    back = current.get("previous")
+                    left = 0.0 if back is None else float(back["expires"]) - clock.now()
+                    if back is not None and left > 0:
+                        if calls.cas(key.key, back, token, left):
+                            return True
+                    elif calls.cas_delete(key.key, token):
+                        return True
+                    continue
+                newer = current
+                for entry in replaced_chain(current):
+                    if mine(entry):
+                        newer["previous"] = entry.get("previous")
+                        left = float(current["expires"]) - clock.now()
+                        if left > 0 and calls.cas(key.key, current, token, left):
+                            return True
+                        break
+                    newer = entry
+                else:
+                    return False
+        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
     def start_exclusive(
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
         delivery: str | None = None,
     ) -> Started:
         delivery = delivery or uuid()
-        calls = self.calls
+        calls, deadline = self.calls, self.deadline_ms()
         with calls.decision(), self._mutex(key):
             for _ in range(ATTEMPTS):
                 marker = calls.get(running.key)
@@ -78,6 +139,7 @@ class CacheFlowMixin:
                     return Started(run=False, holder=str(marker["owner"]), overlap=True)
                 value = {**self._value(running, owner, RUNNING, now, lease), "run": delivery,
                          "took": True}
+                self._in_time(deadline)  # S7: a late check takes no marker (see start())
                 if not calls.add(running.key, value, lease):
                     continue  # another run took the marker in between: decide on it
                 released = False
