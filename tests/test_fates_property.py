@@ -263,8 +263,11 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
                 or any(r.owner == owner for r in self.resends)):
             return  # its run still renews what it holds; its undo or re-send is to come
         for name, info in self.entries():
+            # a queued message's lock is its own; so is the running marker a lost check took
+            # for a deferred copy that carries that check's nonce (W7: its re-send answers
+            # "run" with it, the marker runs out with its lease if the copy never comes)
             if info is not None and info.owner == owner and not (
-                    name != "X:run" and owner in self.queued()):
+                    owner in self.queued() and (name != "X:run" or owner in self.nonces)):
                 raise AssertionError(
                     f"S7/W4: the late {late.what} landed after its caller gave up and left "
                     f"{name} held by {owner}, which is not running ({answer!r})")
