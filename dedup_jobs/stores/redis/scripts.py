@@ -241,14 +241,15 @@ return 0
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] deadline ms (server clock; "0": none),
 # ARGV[4] task name, ARGV[5] readable id, ARGV[6] the dispatch's request id (kept in 'req')
 # Returns "1" when taken (it was free), "R" .. replaced owner when it was held queued by
-# another owner (the lock is the caller's now; the replaced id is kept in 'replaced', so
-# that UNDO can give it back and START can tell the replaced message, S7), "0" .. holder
+# another owner (the lock is the caller's now; the replaced id is kept in 'replaced', and
+# with its request id and its own chain in 'chain' (undo_scripts.py), so that UNDO can give
+# it back and START can tell the replaced message, S7), "0" .. holder
 # when held running, or held by the caller's own id under another request (nothing
 # changed), "L" .. server ms when run past the deadline (nothing changed). A re-send of the
 # same request (without a request id: by the same owner) answers as the first did: "R" .. the
 # id it replaced, or "1".
 TAKE_OVER = """
-local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced', 'req')
+local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced', 'req', 'chain')
 local cur = s[1]
 local req = ARGV[6] or ''
 if cur == ARGV[1] then
@@ -266,9 +267,16 @@ if deadline > 0 and now > deadline then
   return 'L' .. now
 end
 local expires = now + tonumber(ARGV[2])
+local chain = ''
+if cur then
+  local older = {}
+  if s[5] and s[5] ~= '' then older = cjson.decode(s[5]) end
+  table.insert(older, 1, {cur, s[4] or ''})
+  chain = cjson.encode(older)
+end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'replaced', cur or '',
-           'req', req)
+           'req', req, 'chain', chain)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
 if cur then return 'R' .. cur end
