@@ -22,6 +22,16 @@ from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
 
 #: times a decision is tried when the lock changed under its cas-guarded write
 ATTEMPTS = 5
+#: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
+#: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
+CHAIN = 16
+
+
+def _kept(value: dict[str, Any] | None, depth: int = CHAIN) -> dict[str, Any] | None:
+    """``value`` with at most ``depth`` holders in its chain (itself included)."""
+    if value is None or depth <= 0:
+        return None
+    return {**value, "previous": _kept(value.get("previous"), depth - 1)}
 
 
 def replaced_chain(value: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
@@ -68,7 +78,7 @@ class CacheFlowMixin:
                 self._in_time(deadline)  # S7: a late take-over changes nothing
                 # the replaced holder's lock rides along: an undo gives it back (S7, R1)
                 value = {**self._value(key, owner, QUEUED, now, ttl), "replaced": replaced or "",
-                         "req": request or "", "previous": current}
+                         "req": request or "", "previous": _kept(current)}
                 if current is None:
                     if calls.add(key.key, value, ttl):
                         return Acquired(acquired=True, holder=owner)

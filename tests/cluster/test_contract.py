@@ -45,6 +45,7 @@ from tests.test_idempotent import (  # noqa: F401 (collected here)
     test_until_processing_start_resent_is_not_skipped,
 )
 from tests.test_idempotent_stores import (  # noqa: F401 (collected here)
+    test_a_take_over_keeps_the_16_newest_holders_it_replaced,
     test_acquire_past_its_deadline_changes_nothing,
     test_acquire_resent_with_an_explicit_id_answers_taken,
     test_claim_resent_after_a_later_burst_was_claimed,

@@ -271,6 +271,7 @@ local chain = ''
 if cur then
   local older = {}
   if s[5] and s[5] ~= '' then older = cjson.decode(s[5]) end
+  while #older >= 16 do table.remove(older) end
   table.insert(older, 1, {cur, s[4] or ''})
   chain = cjson.encode(older)
 end

@@ -23,7 +23,9 @@ end
 
 # A take-over keeps the queued holders it replaced, newest first, in the lock's 'chain' (a
 # JSON list of [owner, request id]; 'replaced' names the first): TAKE_OVER pushes the holder it
-# replaces (with that holder's own chain behind it), UNDO pops or splices.
+# replaces (with that holder's own chain behind it, the 16 newest: a replace storm stays
+# cheap; an undo past them deletes the lock, as one without a chain does), UNDO pops or
+# splices.
 
 # UNDO — S7: the undo of a dispatch that failed with StoreUnavailable (jobs/rollback.py):
 # only the lock that very request took (owner and request id), so an earlier dispatch of the
