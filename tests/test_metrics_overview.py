@@ -5,18 +5,51 @@ per minute as inline SVG charts; the history stays bounded."""
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.metrics import history, tally
-from dedup_jobs.metrics.models import DAY, MINUTE, DecisionCount
+from dedup_jobs.metrics.models import (
+    DAY,
+    MINUTE,
+    DecisionCount,
+    KeyCount,
+    StoreError,
+    StoreLatency,
+)
 from tests import jobs
 from tests.test_admin import login
 
 OVERVIEW = "/admin/dedup_jobs/overview/"
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+
+
+def _no_metrics_thread(*, start_again: bool) -> None:
+    """Stop this process's metrics thread, waiting for it to end (never two at once over the
+    tally). ``start_again``: the next decision starts one, as in a new process; else none
+    starts (the thread another test started would flush what every test before counted
+    as soon as a test sets METRICS_FLUSH_SECONDS, into rows these tests count)."""
+    history.flusher._pid = -1  # its loop ends at its next wake-up
+    history.flusher._wake.set()
+    for thread in threading.enumerate():
+        if thread.name == "dedup_jobs-metrics":
+            thread.join(10)
+            assert not thread.is_alive(), "the metrics thread did not stop"
+    history.flusher._pid = 0
+    metrics._thread_started = not start_again
+
+
+@pytest.fixture(autouse=True)
+def _only_this_tests_counts() -> None:
+    """Each test counts from an empty history, with no metrics thread that could flush
+    another test's counts meanwhile."""
+    _no_metrics_thread(start_again=False)
+    tally.take()
+    for model in (DecisionCount, KeyCount, StoreLatency, StoreError):
+        model.objects.all().delete()
 
 
 def job_row(html: str, job: str) -> dict[str, int]:
@@ -73,9 +106,7 @@ def test_the_flush_thread_writes_within_its_interval() -> None:
 
     tally.take()
     with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "METRICS_FLUSH_SECONDS": 0.3}):
-        # as in a new process (as after a fork: no metrics thread yet, none started)
-        metrics._forked()
-        history.flusher._pid = 0
+        _no_metrics_thread(start_again=True)  # as in a new process: none started yet
         try:
             jobs.unique_sleep.delay("flushed-by-thread")
             jobs.unique_sleep.delay("flushed-by-thread")
@@ -83,9 +114,7 @@ def test_the_flush_thread_writes_within_its_interval() -> None:
                 resolution=MINUTE, job="tests.unique_sleep", outcome="deduplicated").exists(),
                 timeout=10)
         finally:
-            history.flusher._pid = -1  # its loop ends at its next wake-up
-            history.flusher._wake.set()
-            metrics._forked()  # the next decision starts this process's thread again
+            _no_metrics_thread(start_again=False)
     row = DecisionCount.objects.get(resolution=MINUTE, job="tests.unique_sleep",
                                     outcome="dispatched")
     assert row.count == 1
