@@ -39,3 +39,8 @@ INSTALLED_APPS = list(dict.fromkeys([*PROJECT_APPS, "dedup_jobs",
 CACHES = {alias: PROJECT_CACHE if entry == YOURS else entry for alias, entry in CACHES.items()}
 DATABASES = {alias: PROJECT_DATABASE if entry == YOURS else entry
              for alias, entry in DATABASES.items()}
+# Django 6.1's field checks ask a MySQL server for its version (a UUIDField's type): a
+# snippet's example credentials become the test MariaDB's (root, no password, database test).
+DATABASES = {alias: {**entry, "NAME": "test", "USER": "root", "PASSWORD": ""}
+             if entry.get("ENGINE") == "django.db.backends.mysql" else entry
+             for alias, entry in DATABASES.items()}
