@@ -22,5 +22,7 @@ def job(n: int) -> tuple[int, bool, int]:
 
 n, deduplicated, held = job.delay(1).get()
 assert (n, deduplicated, held) == (1, True, 1), (n, deduplicated, held)
-assert JobLock.objects.count() == 0, "the lock was not released"
+# a released lock's row stays a moment as its tombstone (S7: a release made again answers as
+# the first did): nonce "released", expired; no row is a lock any more
+assert JobLock.objects.exclude(nonce="released").count() == 0, "the lock was not released"
 print(f"smoke job: ran once, duplicate deduplicated, lock released (dedup_jobs {__version__})")
