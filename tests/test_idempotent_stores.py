@@ -45,6 +45,15 @@ def no_claim_record_on_the_database(request: pytest.FixtureRequest, store_name: 
             strict=True, reason="issue 21 case 7: no claim record on the database store yet"))
 
 
+def release_undoes_on_the_database(request: pytest.FixtureRequest, store_name: str) -> None:
+    """Known gap (issue 21): the database store undoes a failed dispatch by releasing its
+    owner's lock (no request match, no give-back after a take-over, no undo tombstone).
+    Strict: fixed, it fails."""
+    if store_name.startswith("database"):
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="issue 21: the database store undoes by a release"))
+
+
 def debounce(store: BaseStore, task_id: str, value: int) -> Any:
     return store.debounce(BURST, task_id, encode_call([value], {}), now=clock.now(),
                           debounce_for=0.01, max_wait=None, ttl=60.0)
@@ -196,9 +205,7 @@ def test_undo_of_chained_take_overs_gives_the_lock_back_to_the_first_holder(
     in turn by another whose reply was lost too: the replaced holder's check waits (it was
     taken over, not skipped), and once both undos ran, in either order, the lock is the first
     holder's again, never one of the failed dispatches'."""
-    if store_name.startswith("database"):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="issue 21: the database store undoes a take-over by a release"))
+    release_undoes_on_the_database(request, store_name)
     for first_undone in ("g2", "g3"):
         store.release(LOCK, "g1")
         assert store.acquire(LOCK, "g1", 30, now=clock.now(), request="r1").acquired
@@ -219,9 +226,7 @@ def test_a_take_over_keeps_the_16_newest_holders_it_replaced(
     """S7/R1, cost: a replace storm keeps at most 16 replaced holders in the lock (each
     take-over stays one small write): undone newest first, 20 take-overs give the lock back
     down to the 16th holder before the last; the undo past them frees the key."""
-    if store_name.startswith("database"):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="issue 21: the database store undoes a take-over by a release"))
+    release_undoes_on_the_database(request, store_name)
     assert store.acquire(LOCK, "g0", 30, now=clock.now(), request="r0").acquired
     for n in range(1, 21):
         assert store.take_over(LOCK, f"g{n}", 30, now=clock.now(), request=f"r{n}").acquired
@@ -229,4 +234,19 @@ def test_a_take_over_keeps_the_16_newest_holders_it_replaced(
         assert store.undo(LOCK, f"g{n}", f"r{n}")
         assert store.get(LOCK).owner == f"g{n - 1}"  # type: ignore[union-attr]
     assert store.undo(LOCK, "g4", "r4")
+    assert store.get(LOCK) is None
+
+
+def test_undo_made_again_answers_as_the_first(
+    store: BaseStore, request: pytest.FixtureRequest, store_name: str
+) -> None:
+    """S7/U2: an undo whose reply was lost, made again, answers True as the first did (the
+    caller marks an explicit id REVOKED only on True: a dispatch deduplicated onto it meanwhile
+    must not wait forever); another request's undo answers False and leaves the lock."""
+    release_undoes_on_the_database(request, store_name)
+    assert store.acquire(LOCK, "e1", 30, now=clock.now(), request="r1").acquired
+    assert not store.undo(LOCK, "e1", "other-request")
+    assert store.get(LOCK).owner == "e1"  # type: ignore[union-attr]
+    assert store.undo(LOCK, "e1", "r1")
+    assert store.undo(LOCK, "e1", "r1")
     assert store.get(LOCK) is None

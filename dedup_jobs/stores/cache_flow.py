@@ -59,6 +59,7 @@ class CacheFlowMixin:
     _mutex: Any
     _value: Any
     _in_time: Any
+    _tombstone_seconds: Any
     deadline_ms: Any
 
     def take_over(
@@ -93,40 +94,49 @@ class CacheFlowMixin:
         for a take-over given back to the queued lock it replaced; a take-over of it by a
         later dispatch drops it from that lock's chain, so a later undo never gives the key
         back to a dispatch that failed (chained take-overs)."""
-        calls = self.calls
+        calls, tombstone, undone = self.calls, f"{key.key}:undo", f"{owner}|{request or ''}"
+
+        def mine(entry: dict[str, Any]) -> bool:
+            return bool(entry["owner"] == owner and (
+                not request or entry.get("req", "") in ("", request)))
+
         with calls.decision(), self._mutex(key):
             for _ in range(ATTEMPTS):
                 current, token = calls.gets(key.key)
-                if current is None:
-                    return False
-
-                def mine(entry: dict[str, Any]) -> bool:
-                    return bool(entry["owner"] == owner and (
-                        not request or entry.get("req", "") in ("", request)))
-
-                if mine(current):
-                    if current["state"] == RUNNING:
-                        return False  # it runs (a re-send of an explicit id's dispatch)
-                    back = current.get("previous")
-                    left = 0.0 if back is None else float(back["expires"]) - clock.now()
-                    if back is not None and left > 0:
-                        if calls.cas(key.key, back, token, left):
-                            return True
-                    elif calls.cas_delete(key.key, token):
-                        return True
-                    continue
-                newer = current
-                for entry in replaced_chain(current):
-                    if mine(entry):
-                        newer["previous"] = entry.get("previous")
-                        left = float(current["expires"]) - clock.now()
-                        if left > 0 and calls.cas(key.key, current, token, left):
-                            return True
-                        break
-                    newer = entry
-                else:
-                    return False
+                outcome = None if current is None else self._undo_once(key, current, token, mine)
+                if outcome is True:
+                    # S7: this undo made again (its reply lost) answers as the first did
+                    calls.set_many({tombstone: undone}, self._tombstone_seconds())
+                    return True
+                if outcome is None:  # nothing of this request's here (any more)
+                    return bool(calls.get(tombstone) == undone)
+                # False: the lock changed since the read: decide again
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    def _undo_once(self, key: JobKey, current: dict[str, Any], token: Any,
+                   mine: Any) -> bool | None:
+        """One cas-guarded try of :meth:`undo` on the lock ``current`` (read with ``token``):
+        True when it gave the lock back, deleted it or dropped ``mine`` from its chain, False
+        when the lock changed since the read, None when nothing of ``mine`` is there."""
+        calls = self.calls
+        if mine(current):
+            if current["state"] == RUNNING:
+                return None  # it runs (a re-send of an explicit id's dispatch)
+            back = current.get("previous")
+            left = 0.0 if back is None else float(back["expires"]) - clock.now()
+            if back is not None and left > 0:
+                return bool(calls.cas(key.key, back, token, left))
+            return bool(calls.cas_delete(key.key, token))
+        newer = current
+        for entry in replaced_chain(current):
+            if mine(entry):
+                newer["previous"] = entry.get("previous")
+                left = float(current["expires"]) - clock.now()
+                if left <= 0:
+                    return None  # expiring with its whole chain
+                return bool(calls.cas(key.key, current, token, left))
+            newer = entry
+        return None
 
     def start_exclusive(
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,

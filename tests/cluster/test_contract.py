@@ -55,6 +55,7 @@ from tests.test_idempotent_stores import (  # noqa: F401 (collected here)
     test_debounce_resent_after_its_burst_ran_starts_nothing,
     test_debounce_resent_by_the_burst_starter_still_publishes,
     test_take_over_past_its_deadline_changes_nothing,
+    test_undo_made_again_answers_as_the_first,
     test_undo_of_chained_take_overs_gives_the_lock_back_to_the_first_holder,
 )
 from tests.test_start_fates import (  # noqa: F401 (collected here)
