@@ -4,7 +4,12 @@ observed (observe-only mode, R3: reported, nothing dropped, deferred, replaced o
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("dedup_jobs")
 
 # A dispatch or a message was not run because another copy holds the lock.
 # kwargs: task_id (the skipped dispatch/message), holder_id (owner of the lock), key,
@@ -41,3 +46,23 @@ unique_job_replaced = Signal()
 # (epoch seconds, when it is checked again), observed (True in observe-only mode, R3: it ran
 # at once instead).
 job_deferred = Signal()
+
+
+def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
+    """Send one of our signals without letting a failing receiver break the lock's life
+    cycle (a raising receiver between taking a lock and publishing would otherwise leave a
+    lock with nothing queued): receivers' errors are logged on the dedup_jobs logger. Every
+    signal carries ``observed`` (False unless the caller says so, R3)."""
+    if not signal.receivers:  # nobody listens (the usual case): skip the dispatch machinery
+        return
+    kwargs.setdefault("observed", False)
+    for receiver, response in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "dedup_jobs signal receiver %r raised %r (sender %s, %s)",
+                receiver,
+                response,
+                getattr(sender, "name", sender),
+                kwargs,
+                exc_info=(type(response), response, response.__traceback__),
+            )

@@ -41,12 +41,18 @@ from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs import takeover
-from dedup_jobs.jobs.base import logger, notify
+from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.chains import revoke_links
 from dedup_jobs.jobs.store_errors import defer_for_store, holds_after
 from dedup_jobs.jobs.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import job_deferred, lock_acquired, lock_released, unique_job_skipped
+from dedup_jobs.signals import (
+    job_deferred,
+    lock_acquired,
+    lock_released,
+    notify,
+    unique_job_skipped,
+)
 from dedup_jobs.stores.base import Admission, BaseStore, Started, new_request_id, running_key
 
 if TYPE_CHECKING:

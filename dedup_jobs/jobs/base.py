@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery.contrib.django.task import DjangoTask
-from django.dispatch import Signal
 
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
@@ -46,26 +45,6 @@ def new_task_id() -> str:
     building a ``uuid.UUID`` on the dispatch path."""
     h = os.urandom(16).hex()
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
-
-
-def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
-    """Send one of our signals without letting a failing receiver break the lock's life
-    cycle (a raising receiver between taking a lock and publishing would otherwise leave a
-    lock with nothing queued): receivers' errors are logged on the dedup_jobs logger. Every
-    signal carries ``observed`` (False unless the caller says so, R3)."""
-    if not signal.receivers:  # nobody listens (the usual case): skip the dispatch machinery
-        return
-    kwargs.setdefault("observed", False)
-    for receiver, response in signal.send_robust(sender=sender, **kwargs):
-        if isinstance(response, Exception):
-            logger.error(
-                "dedup_jobs signal receiver %r raised %r (sender %s, %s)",
-                receiver,
-                response,
-                getattr(sender, "name", sender),
-                kwargs,
-                exc_info=(type(response), response, response.__traceback__),
-            )
 
 
 class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]

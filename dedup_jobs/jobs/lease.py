@@ -31,9 +31,8 @@ from functools import partial
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.jobs import native
-from dedup_jobs.jobs.base import notify
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import lock_lost
+from dedup_jobs.signals import lock_lost, notify
 from dedup_jobs.stores.base import BaseStore
 
 logger = logging.getLogger("dedup_jobs")

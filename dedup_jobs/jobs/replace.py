@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dedup_jobs import metrics
-from dedup_jobs.jobs.base import logger, notify
+from dedup_jobs.jobs.base import logger
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import unique_job_replaced
+from dedup_jobs.signals import notify, unique_job_replaced
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob

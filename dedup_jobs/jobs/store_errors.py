@@ -21,9 +21,9 @@ from celery.exceptions import Ignore
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
-from dedup_jobs.jobs.base import logger, notify
+from dedup_jobs.jobs.base import logger
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import job_deferred
+from dedup_jobs.signals import job_deferred, notify
 from dedup_jobs.stores.base import Started
 
 

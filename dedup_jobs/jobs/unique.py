@@ -24,7 +24,7 @@ from dedup_jobs.exceptions import (
     StoreUnavailable,
 )
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
-from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id, notify
+from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.rollback import rollbacks
@@ -33,6 +33,7 @@ from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
     lock_released,
+    notify,
     unique_job_skipped,
 )
 from dedup_jobs.stores.base import BaseStore, new_request_id

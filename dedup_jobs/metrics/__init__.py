@@ -18,71 +18,17 @@ unless it is installed and ``DEDUP_JOBS["METRICS"]`` is True (the default)."""
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import threading
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.metrics.tally import FOLD_AT, LATENCY_BUCKETS, OUTCOMES, Tally
+from dedup_jobs.metrics.process import exporters, sync, tally
+from dedup_jobs.metrics.tally import FOLD_AT, LATENCY_BUCKETS, OUTCOMES
 
 __all__ = ["LATENCY_BUCKETS", "OUTCOMES", "decision", "exporters", "sync", "tally", "timed"]
-
-
-class Exporter(Protocol):
-    def sync(self) -> None:
-        """Hand what the tally counted since the last sync on (off the decision path)."""
-
-
-#: the tally of this process (see dedup_jobs.metrics.history for where it goes)
-tally = Tally()
-
-#: (module of ours, library it needs): loaded when the library is installed
-EXPORTERS = (
-    ("dedup_jobs.metrics.prometheus", "prometheus_client"),
-    ("dedup_jobs.metrics.otel", "opentelemetry.metrics"),
-)
-
-_exporters: list[Exporter] | None = None
-_loading = threading.Lock()
-
-
-def _installed(name: str) -> bool:
-    top = name.partition(".")[0]
-    try:
-        return importlib.util.find_spec(top) is not None and importlib.util.find_spec(
-            name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def exporters() -> list[Exporter]:
-    """The exporters of this process that need a :meth:`~Exporter.sync` now and then (the
-    others read the tally when they are collected), loaded on first use."""
-    global _exporters
-    found = _exporters
-    if found is None:
-        with _loading:
-            found = _exporters
-            if found is None:
-                found = []
-                for module, library in EXPORTERS:
-                    if _installed(library):
-                        made = importlib.import_module(module).exporter()
-                        if made is not None:  # None: it reads the tally when collected
-                            found.append(made)
-                _exporters = found
-    return found
-
-
-def sync() -> None:
-    """Hand the tally's counts on to the exporters that keep their own values (a
-    prometheus_client multi-process directory). The metrics thread does it every
-    ``SYNC_SECONDS``, and a process does it once more as it exits."""
-    for exporter in exporters():
-        exporter.sync()
 
 
 def decision(job: str, outcome: str, key: str | None = None) -> None:

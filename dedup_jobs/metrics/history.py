@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any
 
 from dedup_jobs.conf import app_settings
+from dedup_jobs.metrics.process import exporters, loaded, sync, tally
 from dedup_jobs.metrics.tally import FOLD_SECONDS, Taken
 
 logger = logging.getLogger("dedup_jobs")
@@ -38,7 +39,7 @@ class Flusher:
     """The metrics thread of this process: started on its first decision, again after a
     fork. It folds the tally's pending counts every ``FOLD_SECONDS``, hands them to the
     exporters that keep their own values every ``SYNC_SECONDS``
-    (:func:`dedup_jobs.metrics.sync`) and flushes the history every
+    (:func:`dedup_jobs.metrics.process.sync`) and flushes the history every
     ``METRICS_FLUSH_SECONDS``."""
 
     def __init__(self) -> None:
@@ -60,8 +61,6 @@ class Flusher:
             thread.start()
 
     def _loop(self) -> None:
-        from dedup_jobs.metrics import exporters, sync, tally
-
         pid = os.getpid()
         flushed = synced = time.monotonic()
         while self._pid == pid:
@@ -81,8 +80,6 @@ class Flusher:
     def flush(self) -> bool:
         """Write what this process counted since the last flush; False if it could not be
         written (kept for the next flush)."""
-        from dedup_jobs.metrics import tally
-
         taken = tally.take()
         if taken.empty():
             return True
@@ -186,9 +183,7 @@ flusher = Flusher()
 def flush_at_exit(**kwargs: Any) -> None:
     """The process is ending: hand the last counts to the exporters, and flush what is left
     if this process keeps history."""
-    from dedup_jobs.metrics import _exporters, sync
-
-    if _exporters:
+    if loaded():
         sync()
     if flusher._pid == os.getpid() and app_settings.METRICS_FLUSH_SECONDS:
         flusher.flush()

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar, cast
+from uuid import uuid4
 
-from celery.utils import uuid
 from django.core.cache import caches
 
 from dedup_jobs.conf import app_settings
@@ -240,7 +240,7 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
-        delivery = delivery or uuid()
+        delivery = delivery or str(uuid4())
         # S7: a check that reaches the store past its caller's deadline (the worker ran W4 or
         # deferred already) writes nothing: its re-send, with a deadline of its own, does
         calls, deadline = self.calls, self.deadline_ms()

@@ -9,8 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-
-from celery.utils import uuid
+from uuid import uuid4
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
@@ -34,7 +33,7 @@ class CacheDebounceMixin:
 
     @contextmanager
     def _mutex(self, key: JobKey) -> Iterator[None]:
-        name, token = f"{key.key}:mutex", uuid()
+        name, token = f"{key.key}:mutex", str(uuid4())
         give_up = time.monotonic() + MUTEX_SECONDS
         pause = 0.0005
         while not self.calls.add(name, token, MUTEX_SECONDS):

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-
-from celery.utils import uuid
+from uuid import uuid4
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
@@ -142,7 +141,7 @@ class CacheFlowMixin:
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
         delivery: str | None = None,
     ) -> Started:
-        delivery = delivery or uuid()
+        delivery = delivery or str(uuid4())
         calls, deadline = self.calls, self.deadline_ms()
         with calls.decision(), self._mutex(key):
             for _ in range(ATTEMPTS):
