@@ -70,7 +70,10 @@ def test_a_killed_connection_is_replaced(redis_client: Any) -> None:
 
 def test_one_kept_connection_serves_sequential_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     """S1: a hundred decisions one after another use the one connection the store keeps: no
-    pool checkout (with its lock and its "unread data?" poll of the socket) per decision."""
+    pool checkout (with its lock and its "unread data?" poll of the socket) per decision.
+    Only a connection the server closed (S9: the store drops its kept ones and re-sends on a
+    fresh one) costs a checkout, one per loss; CI saw one such loss in 100 decisions once,
+    with the suite's processes sharing 2 cores, so losses are counted, not ruled out."""
     with override_settings(DEDUP_JOBS={"STORE": "redis"}):
         store = _store()
         warm = jobs.unique_sleep.job_key(("warm",), {})
@@ -78,20 +81,27 @@ def test_one_kept_connection_serves_sequential_decisions(monkeypatch: pytest.Mon
         (kept,) = store._idle
         pool = store.client.connection_pool
         checkouts: list[int] = []
-        checkout = pool.get_connection
+        losses: list[int] = []
+        checkout, discard = pool.get_connection, store._discard_kept
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             checkouts.append(1)
             return checkout(*args, **kwargs)
 
+        def lost(*args: Any, **kwargs: Any) -> Any:
+            losses.append(1)
+            return discard(*args, **kwargs)
+
         monkeypatch.setattr(pool, "get_connection", counted)
+        monkeypatch.setattr(store, "_discard_kept", lost)
         for n in range(100):
             key = jobs.unique_sleep.job_key((n,), {})
             owner = uuid()
             assert store.acquire(key, owner, 60, now=clock.now()).acquired
             assert store.release(key, owner)
-        assert checkouts == []
-        assert store._idle == [kept]
+        assert len(losses) <= 1, f"{len(losses)} kept connections lost in 100 decisions"
+        assert len(checkouts) == len(losses)
+        assert len(store._idle) == 1 and (losses or store._idle == [kept])
         assert store.release(warm, "w")
 
 
