@@ -9,7 +9,8 @@ class DedupJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from dedup_jobs import checks, handlers
+        from dedup_jobs import checks, checks_capabilities, handlers
 
         checks.register()
+        checks_capabilities.register()
         handlers.connect()

@@ -57,6 +57,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         if not isinstance(value, str) or not value:
             errors.append(_error(3, f"DEDUP_JOBS[{name!r}] = {value!r} must be a non-empty "
                                     f"string.", f"Default: {DEFAULTS[name]!r}."))
+    stores = raw.get("STORES", DEFAULTS["STORES"])
+    if not isinstance(stores, dict) or not all(
+            isinstance(alias, str) and alias and isinstance(path, str)
+            for alias, path in stores.items()):
+        errors.append(_error(3, f"DEDUP_JOBS['STORES'] = {stores!r} must map store aliases to "
+                                f"dotted paths (strings).",
+                             "Use e.g. {'locks': 'myapp.stores.MyStore'}, or leave it out."))
     for name in ("SHOW_ARGS", "OBSERVE_ONLY", "METRICS"):
         value = raw.get(name, DEFAULTS[name])
         if not isinstance(value, bool):

@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a store call may take in all (S8), also when the cache sets no socket timeout:
     # past it the call is StoreUnavailable, and whatever it may have left is cleaned up.
     "STORE_TIMEOUT": 5.0,
+    # Stores of your own: {alias: dotted path of a dedup_jobs.stores.BaseStore subclass}. An
+    # alias named here wins over a CACHES alias of that name and over "database".
+    "STORES": {},
     # The database alias the "database" store writes to.
     "DATABASE_ALIAS": "default",
     # Show job arguments in the admin (escaped and truncated).
@@ -101,6 +104,11 @@ class AppSettings:
     @property
     def STORE_TIMEOUT(self) -> float:
         return float(self._get("STORE_TIMEOUT"))
+
+    @property
+    def STORES(self) -> dict[str, Any]:
+        value = self._get("STORES")
+        return value if isinstance(value, dict) else {}
 
     @property
     def DATABASE_ALIAS(self) -> str:

@@ -180,7 +180,11 @@ ALL_STORE_PARAMS = [
     STORE_PARAMS[0], LOCMEM, STORE_PARAMS[2], POSTGRES, MARIADB, *REDIS_FAMILY_EXTRA,
     pytest.param("memcached", id="memcached"),
     pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
+    # a store of a third party's own, by dotted path (tests/plugin_store.py)
+    PLUGIN := pytest.param("plugin", marks=pytest.mark.redis, id="plugin-sharded"),
 ]
+#: DEDUP_JOBS["STORES"] of the "plugin" store_name: a third party's store, outside the package
+PLUGIN_STORES = {"plugin": "tests.plugin_store.ShardedStore"}
 #: the database store on each database the suite runs (for tests of the database store alone)
 DATABASE_STORE_PARAMS = [
     *(p for p in STORE_PARAMS[:-2] if str(p.values[0]).startswith("database")), POSTGRES,
@@ -194,6 +198,8 @@ def database_alias(store_name: str) -> str:
 
 
 def _store_settings(name: str) -> dict[str, Any]:
+    if name == "plugin":
+        return {"STORE": name, "STORES": PLUGIN_STORES, "DATABASE_ALIAS": "default"}
     if name.startswith("database"):
         return {"STORE": "database", "DATABASE_ALIAS": database_alias(name)}
     return {"STORE": name, "DATABASE_ALIAS": "default"}

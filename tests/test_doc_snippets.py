@@ -95,6 +95,18 @@ def test_settings_snippet_passes_the_checks(origin: str, statements: str,
                 importlib.util.find_spec(app) is None:
             (tmp_path / app).mkdir()
             (tmp_path / app / "__init__.py").write_text("")
+    # The user's own store classes a snippet names (DEDUP_JOBS["STORES"]): the suite's
+    # third-party store stands in for each (tests/plugin_store.py).
+    for module, name in re.findall(r"\"([a-z_]+(?:\.[a-z_]+)+)\.([A-Z]\w*)\"", statements):
+        if importlib.util.find_spec(module.split(".")[0]) is None:
+            path = tmp_path.joinpath(*module.split("."))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            for parent in [path.parent, *path.parent.parents]:
+                if parent == tmp_path:
+                    break
+                (parent / "__init__.py").touch()
+            path.with_suffix(".py").write_text(
+                f"from tests.plugin_store import ShardedStore as {name}\n")
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.settings_snippets",

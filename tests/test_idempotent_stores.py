@@ -18,13 +18,13 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, BaseStore, encode_call
-from tests.conftest import LOCMEM, MARIADB, POSTGRES, REDIS_FAMILY, store_fixture
+from tests.conftest import LOCMEM, MARIADB, PLUGIN, POSTGRES, REDIS_FAMILY, store_fixture
 
 pytestmark = pytest.mark.django_db(databases="__all__")
 
 store_name = store_fixture([
     *REDIS_FAMILY, LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
-    pytest.param("memcached", id="memcached"),
+    pytest.param("memcached", id="memcached"), PLUGIN,
 ])
 
 LOCK = build_key("unique", "tests.idempotent_stores", "item=1")

@@ -15,14 +15,14 @@ from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RELEASED, BaseStore
 from dedup_jobs.stores.throttling import HELD_BACK
 from tests import jobs_throttle
-from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, store_fixture
+from tests.conftest import DATABASE_STORE_PARAMS, PLUGIN, REDIS_FAMILY, store_fixture
 from tests.test_stores import delta
 
 #: the default run: django-redis and the database store on SQLite; the slow store matrix
 #: (uv run pytest -m matrix) adds Django's RedisCache, django-valkey, PostgreSQL and MariaDB
 store_name = store_fixture([
     REDIS_FAMILY[0],
-    *(p for p in DATABASE_STORE_PARAMS if p.id == "database-sqlite"),
+    *(p for p in DATABASE_STORE_PARAMS if p.id == "database-sqlite"), PLUGIN,
     *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
       for p in [*REDIS_FAMILY[1:], *DATABASE_STORE_PARAMS] if p.id != "database-sqlite"),
 ])

@@ -29,7 +29,14 @@ _lock = threading.Lock()
 
 
 def store_class_for(alias: str) -> type[BaseStore]:
-    """The store class an alias resolves to; InvalidJobConfiguration if it names nothing."""
+    """The store class an alias resolves to; InvalidJobConfiguration if it names nothing:
+    a class of ``DEDUP_JOBS["STORES"]`` (stores/plugged.py), the database store, or the
+    store a ``CACHES`` backend calls for."""
+    from dedup_jobs.stores.plugged import plugged_class
+
+    plugged = plugged_class(alias)
+    if plugged is not None:
+        return plugged
     if alias == DATABASE:
         from dedup_jobs.stores.database.store import DatabaseStore
 
@@ -37,8 +44,9 @@ def store_class_for(alias: str) -> type[BaseStore]:
     caches: dict[str, Any] = getattr(settings, "CACHES", {})
     if alias not in caches:
         raise InvalidJobConfiguration(
-            f"dedup_jobs store {alias!r} is neither a CACHES alias ({sorted(caches)}) nor "
-            f"'database'. Set unique_via/debounce_via or DEDUP_JOBS['STORE'] to one of them."
+            f"dedup_jobs store {alias!r} is neither a CACHES alias ({sorted(caches)}), nor "
+            f"'database', nor a DEDUP_JOBS['STORES'] alias. Set unique_via/debounce_via or "
+            f"DEDUP_JOBS['STORE'] to one of them."
         )
     backend = caches[alias].get("BACKEND", "")
     from dedup_jobs.stores.redis.adapters import adapter_for
