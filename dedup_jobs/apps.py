@@ -9,8 +9,9 @@ class DedupJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from dedup_jobs import checks, checks_capabilities, handlers
+        from dedup_jobs import checks, checks_capabilities, checks_database, handlers
 
         checks.register()
         checks_capabilities.register()
+        checks_database.register()
         handlers.connect()

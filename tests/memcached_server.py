@@ -69,10 +69,19 @@ class MemcachedServer:
         return {"BACKEND": BACKEND, "LOCATION": self.location, "KEY_PREFIX": "t", **extra}
 
     def answers(self, timeout: float = 0.2) -> bool:
+        """True when *this* process answers on the port: its ``stats`` name its pid (another
+        process's memcached may hold the port, e.g. a parallel test process's, when ours
+        could not bind it)."""
         try:
             with socket.create_connection((self.host, self.port), timeout=timeout) as sock:
-                sock.sendall(b"version\r\n")
-                return sock.recv(64).startswith(b"VERSION")
+                sock.sendall(b"stats\r\n")
+                data = b""
+                while not data.endswith(b"END\r\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return False
+                    data += chunk
+            return f"STAT pid {self.pid}\r\n".encode() in data
         except OSError:
             return False
 

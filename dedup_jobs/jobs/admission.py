@@ -35,14 +35,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import Ignore
-from celery.states import READY_STATES, REVOKED
+from celery.states import REVOKED
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs import takeover
 from dedup_jobs.jobs.base import logger
-from dedup_jobs.jobs.chains import revoke_links
+from dedup_jobs.jobs.chains import revoke_rest_of_chain
+from dedup_jobs.jobs.request import REDELIVERED, finished, is_redelivered
 from dedup_jobs.jobs.store_errors import defer_for_store, holds_after
 from dedup_jobs.jobs.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.keys import JobKey
@@ -58,9 +59,6 @@ from dedup_jobs.stores.base import Admission, BaseStore, Started, new_request_id
 if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob
 
-#: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
-#: carries on that the broker had marked the copy redelivered
-REDELIVERED = "redelivered"
 #: dedup header of a duplicate published in observe-only mode (R3): the holder it would have
 #: been deduplicated onto; the dispatch reported it, the worker runs it without a check
 OBSERVED = "observed"
@@ -354,28 +352,6 @@ def republish(job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str,
                  extra=extra)
 
 
-def is_redelivered(request: Any, header: dict[str, Any] | None) -> bool:
-    """The broker marked this delivery redelivered, or it is a copy that waited for its
-    first delivery's run and carries that mark on (W5)."""
-    if header is not None and header.get(REDELIVERED):
-        return True
-    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
-
-
-def finished(job: Any, task_id: str) -> bool:
-    """W5: has a run of ``task_id`` ended (its result is ready)? Asked only of a copy the
-    broker marked redelivered; without a result (``ignore_result``, no backend) nobody can
-    tell, and the copy goes on to the lock check (at least once)."""
-    if job.ignore_result:
-        return False
-    try:
-        return job.AsyncResult(task_id).state in READY_STATES
-    except Exception:
-        logger.warning("%s[%s]: could not read the result of the redelivered message.",
-                       job.name, task_id, exc_info=True)
-        return False
-
-
 def put_off(
     job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, redelivered: bool
 ) -> None:
@@ -410,12 +386,3 @@ def skip(job: UniqueJob, key: JobKey, holder: str) -> bool:
         job.backend.mark_as_revoked(str(request.id), reason=reason, request=request)
     revoke_rest_of_chain(job, reason)
     raise Ignore()
-
-
-def revoke_rest_of_chain(job: Any, reason: str) -> None:
-    """The later links of a skipped chain link never run: they end REVOKED, so that the
-    chain's result (its last link) is ready, and a chord they belong to is told."""
-    request = job.request
-    links: Any = request.chain or ()
-    revoke_links(job.backend, links,
-                 f"an earlier link of its chain ({request.id}) was skipped: {reason}")

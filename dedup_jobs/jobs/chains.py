@@ -105,3 +105,12 @@ def end_superseded(backend: Any, found: Remembered, winner: str | None, run: str
     for dispatch, links in found.items():
         if dispatch != winner:
             revoke_links(backend, links, superseded_reason(dispatch, winner, run))
+
+
+def revoke_rest_of_chain(job: Any, reason: str) -> None:
+    """The later links of a skipped chain link never run: they end REVOKED, so that the
+    chain's result (its last link) is ready, and a chord they belong to is told."""
+    request = job.request
+    links: Any = request.chain or ()
+    revoke_links(job.backend, links,
+                 f"an earlier link of its chain ({request.id}) was skipped: {reason}")

@@ -26,8 +26,9 @@ from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs import bursts, chains
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome, remember_chain
-from dedup_jobs.jobs.admission import admit_throttle, finished, is_redelivered
+from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
+from dedup_jobs.jobs.request import finished, is_redelivered
 from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey

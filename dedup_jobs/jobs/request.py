@@ -13,10 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 from billiard.exceptions import WorkerLostError
+from celery.states import READY_STATES
 from celery.worker import state
 from celery.worker.request import Request
 
-from dedup_jobs.jobs.base import HEADER
+from dedup_jobs.jobs.base import HEADER, logger
+
+#: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
+#: carries on that the broker had marked the copy redelivered
+REDELIVERED = "redelivered"
 
 
 class UniqueRequest(Request):
@@ -42,3 +47,25 @@ class UniqueRequest(Request):
         release = getattr(self.task, "release_dropped", None)
         if release is not None:
             release(self.id, self.request_dict.get(HEADER), self.args, self.kwargs)
+
+
+def is_redelivered(request: Any, header: dict[str, Any] | None) -> bool:
+    """The broker marked this delivery redelivered, or it is a copy that waited for its
+    first delivery's run and carries that mark on (W5)."""
+    if header is not None and header.get(REDELIVERED):
+        return True
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+
+
+def finished(job: Any, task_id: str) -> bool:
+    """W5: has a run of ``task_id`` ended (its result is ready)? Asked only of a copy the
+    broker marked redelivered; without a result (``ignore_result``, no backend) nobody can
+    tell, and the copy goes on to the lock check (at least once)."""
+    if job.ignore_result:
+        return False
+    try:
+        return job.AsyncResult(task_id).state in READY_STATES
+    except Exception:
+        logger.warning("%s[%s]: could not read the result of the redelivered message.",
+                       job.name, task_id, exc_info=True)
+        return False

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from dedup_jobs.keys import JobKey
-    from dedup_jobs.stores.base import (
+    from dedup_jobs.stores.answers import (
         Acquired,
         Admission,
         Debounced,

@@ -111,6 +111,19 @@ class RedisServer:
         finally:
             probe.close()
 
+    def is_ours(self, timeout: float = 0.5) -> bool:
+        """True when the server on the port is this process (INFO names its pid): another
+        process's server may hold the port, e.g. a parallel test process's, when ours could
+        not bind it."""
+        probe = redis.Redis(host=self.host, port=self.port, socket_timeout=timeout,
+                            socket_connect_timeout=timeout, retry=None)
+        try:
+            return int(probe.info("server").get("process_id", -1)) == self.pid
+        except redis.RedisError:
+            return False
+        finally:
+            probe.close()
+
     def stop(self) -> None:
         """SIGCONT (it may be stopped), then SIGTERM by pid; SIGKILL if it lingers."""
         if self.process.poll() is not None:
@@ -197,7 +210,7 @@ def _started(binary: str, extra: tuple[str, ...], highest_port: int) -> Iterator
             if server.answers():
                 break
             time.sleep(0.02)
-        if process.poll() is None and server.answers():
+        if process.poll() is None and server.answers() and server.is_ours():
             break
         server.stop()
     else:
