@@ -31,14 +31,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dedup_jobs.conf import app_settings
-
-if TYPE_CHECKING:
-    from dedup_jobs.jobs.unique import UniqueJob
-    from dedup_jobs.keys import JobKey
-    from dedup_jobs.stores.base import BaseStore
 
 logger = logging.getLogger("dedup_jobs")
 
@@ -155,30 +149,3 @@ class Rollbacks:
 
 rollbacks = Rollbacks()
 os.register_at_fork(after_in_child=rollbacks._after_fork)
-
-
-def undo_lock(
-    job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
-    request: str | None = None, generated: bool = True,
-) -> None:
-    """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
-    call ran (a lost reply): once the store answers, undo what that very request did
-    (``store.undo``: its lock deleted, or a taken-over lock given back to the holder it
-    replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
-    an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
-    store never answers within ``ttl``; an explicit one, which another, published dispatch
-    may carry too, only when this request's own lock was found."""
-    def revoke() -> None:
-        if not job.ignore_result:
-            job.backend.mark_as_revoked(
-                owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
-                              f"unavailable)")
-
-    def undo() -> bool:
-        removed = store.undo(key, owner, request)
-        if removed or generated:
-            revoke()
-        return removed
-
-    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
-                  lifetime=ttl, give_up=revoke if generated else None)

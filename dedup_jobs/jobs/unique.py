@@ -5,7 +5,7 @@ Where the worker checks: :meth:`UniqueJob.__call__` → :func:`dedup_jobs.jobs.a
 → ``store.start`` (one store call): admitted, skipped, put off or dropped there.
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
-Where a failed dispatch's lock is undone: ``jobs/rollback.py`` (:func:`undo_lock`).
+Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``jobs/rollback.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
 from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.replace import replaced_by
-from dedup_jobs.jobs.rollback import rollbacks, undo_lock
+from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
@@ -384,6 +384,33 @@ class UniqueJob(DedupJob):
             )
             return
         self._finish(self.store(alias), key, owner, alias, "failure")
+
+def undo_lock(
+    job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
+    request: str | None = None, generated: bool = True,
+) -> None:
+    """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
+    call ran (a lost reply): once the store answers, undo what that very request did
+    (``store.undo``: its lock deleted, or a taken-over lock given back to the holder it
+    replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
+    an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
+    store never answers within ``ttl``; an explicit one, which another, published dispatch
+    may carry too, only when this request's own lock was found."""
+    def revoke() -> None:
+        if not job.ignore_result:
+            job.backend.mark_as_revoked(
+                owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
+                              f"unavailable)")
+
+    def undo() -> bool:
+        removed = store.undo(key, owner, request)
+        if removed or generated:
+            revoke()
+        return removed
+
+    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
+                  lifetime=ttl, give_up=revoke if generated else None)
+
 
 class UniqueUntilProcessingJob(UniqueJob):
     """Unique until a worker takes the message: the lock is released just before ``run``
