@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections
@@ -29,25 +27,20 @@ from dedup_jobs.stores.base import (
     RUNNING,
     Acquired,
     BaseStore,
-    DebounceState,
-    LockInfo,
-    Page,
     Renewed,
     Started,
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
 from dedup_jobs.stores.database.flow import DatabaseFlowMixin
+from dedup_jobs.stores.database.listing import DatabaseReadingMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
 from dedup_jobs.stores.database.servertime import server_epoch, server_later, server_now
 from dedup_jobs.stores.database.throttle import DatabaseThrottleMixin
-from dedup_jobs.stores.search import Search
 
 logger = logging.getLogger("dedup_jobs")
 
-#: rows read per fetch when the admin searches
-SEARCH_CHUNK = 2000
 #: times a decision that lost a deadlock is tried (InnoDB rolled it back whole: nothing stays)
 DEADLOCK_TRIES = 5
 
@@ -59,7 +52,7 @@ def _deadlock(exc: DatabaseError) -> bool:
 
 
 class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
-                    DatabaseDebounceMixin, BaseStore):
+                    DatabaseDebounceMixin, DatabaseReadingMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:
@@ -305,96 +298,6 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                 if holder is not None and holder != owner:
                     return Renewed(held=False, holder=str(holder))
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
-
-    # -- reading ------------------------------------------------------------------------
-
-    def _info(self, row: JobLock) -> LockInfo:
-        return LockInfo(
-            key=row.key,
-            task_name=row.task_name,
-            ident=row.ident,
-            owner=row.owner,
-            state=row.state,
-            acquired_at=row.acquired_at.timestamp(),
-            expires_at=row.expires_at.timestamp(),
-            store=self.alias,
-        )
-
-    def get(self, key: JobKey) -> LockInfo | None:
-        def read() -> LockInfo | None:
-            row = JobLock.objects.using(self.using).held().filter(key=key.key).first()
-            return None if row is None else self._info(row)
-
-        return self._guard(read)  # type: ignore[no-any-return]
-
-    def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
-        """Every held lock, by primary key, one query per batch (keyset pagination, so
-        callers may release as they go)."""
-        return self._iter_rows(expired=False, batch_size=batch_size)
-
-    def iter_expired(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
-        """Rows whose lock expired: free for the next acquire, left behind until then."""
-        return self._iter_rows(expired=True, batch_size=batch_size)
-
-    def _iter_rows(self, *, expired: bool, batch_size: int) -> Iterator[LockInfo]:
-        last = 0
-        while True:
-            def batch(after: int) -> list[JobLock]:
-                rows = JobLock.objects.using(self.using)
-                rows = rows.expired() if expired else rows.held()
-                return list(rows.filter(pk__gt=after).order_by("pk")[:batch_size])
-
-            found: list[JobLock] = self._guard(batch, last)
-            if not found:
-                return
-            last = found[-1].pk
-            yield from (self._info(row) for row in found)
-
-    def lock_page(
-        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
-    ) -> Page[LockInfo]:
-        """A count and a slice of the held rows (two indexed queries)."""
-        rows = JobLock.objects.using(self.using).held()
-        return self._page(rows.order_by("expires_at", "pk"), self._info, offset=offset,
-                          limit=limit, task_name=task_name, search=search)
-
-    def debounce_page(
-        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
-    ) -> Page[DebounceState]:
-        rows = PendingDebounce.objects.using(self.using).pending()
-        return self._page(rows.order_by("runs_at", "pk"), self._state, offset=offset,
-                          limit=limit, task_name=task_name, search=search)
-
-    def _page(self, rows: Any, parse: Any, *, offset: int, limit: int, task_name: str,
-              search: str) -> Page[Any]:
-        """Without a search: a count and a slice (two indexed queries). With one: the job
-        names and ids streamed in page order, matched in Python as every store matches
-        (:mod:`dedup_jobs.stores.search`; SQL ``LIKE`` folds case by the database's rules),
-        stopping once the page is full, then the page's rows by primary key."""
-        wanted = Search.of(search)
-
-        def read() -> Page[Any]:
-            narrowed = rows.filter(task_name=task_name) if task_name else rows
-            if wanted is None:
-                total = narrowed.count()
-                items = [parse(row) for row in narrowed[offset:offset + limit]]
-                return Page(items=items, total=total, has_more=offset + limit < total)
-            found: list[int] = []
-            complete = True
-            names = narrowed.values_list("pk", "task_name", "ident")
-            with closing(names.iterator(chunk_size=SEARCH_CHUNK)) as stream:
-                for pk, name, ident in stream:
-                    if wanted.matches(name, ident):
-                        found.append(pk)
-                        if len(found) > offset + limit:
-                            complete = False
-                            break
-            chosen = found[offset:offset + limit]
-            items = [parse(row) for row in narrowed.filter(pk__in=chosen)] if chosen else []
-            return Page(items=items, total=len(found) if complete else None,
-                        has_more=len(found) > offset + limit)
-
-        return self._guard(read)  # type: ignore[no-any-return]
 
     def release_queued(self, key: JobKey, owner: str) -> bool:
         """One raw compare-and-delete (see :meth:`_delete_mine`), also refusing a running row."""
