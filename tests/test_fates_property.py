@@ -65,6 +65,7 @@ from dedup_jobs.jobs import bursts, unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore, encode_call, running_key
+from dedup_jobs.stores.database import statements
 from tests.cluster.conftest import redis_cluster, use_cluster, valkey_cluster  # noqa: F401
 from tests.conftest import _use_store
 from tests.fates_model import (
@@ -388,6 +389,8 @@ PARAMS = [
                  id="database-postgres"),
     pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
                  id="database-mariadb"),
+    # the database store's row-locking path (portable.py: databases without its statements)
+    pytest.param("database", marks=pytest.mark.matrix, id="database-sqlite-portable"),
     pytest.param("memcached", id="memcached"),
     pytest.param("locmem", id="locmem"),
     pytest.param("cluster-redis", marks=pytest.mark.matrix, id="redis-cluster"),
@@ -430,6 +433,8 @@ def test_every_store_call_under_every_fate(
     for a run that is not running once the store answers, no dispatch onto an id that never
     runs, every result ready."""
     label = request.node.callspec.id
+    if label.endswith("-portable"):
+        monkeypatch.setattr(statements, "dialect", lambda connection: None)
     store = get_store("database" if store_name.startswith("database") else store_name)
     made: list[int] = []
 
