@@ -101,6 +101,21 @@ def test_debounce_past_its_deadline_changes_nothing(
     assert store.get_debounce(BURST) is None
 
 
+def test_late_renewal_takes_no_lock_back(
+    store: BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S7/W6: a renewal that reaches the store after its caller gave up (its run may have
+    ended and released since) does not take the freed key back; in time it does."""
+    assert store.start(LOCK, "r1", 30, now=clock.now(), release=False, delivery="n1").took
+    assert store.release(LOCK, "r1")
+    with monkeypatch.context() as late:
+        past_deadline(store, late)
+        with pytest.raises(StoreUnavailable, match=LATE):
+            store.renew(LOCK, "r1", 30, now=clock.now(), delivery="n1")
+    assert store.get(LOCK) is None
+    assert store.renew(LOCK, "r1", 30, now=clock.now(), delivery="n1").retaken
+
+
 def test_release_resent_answers_released(store: BaseStore) -> None:
     """S7/U4: a release made again (its reply lost) answers True, as the first did; another
     owner's lock is never deleted by it."""
