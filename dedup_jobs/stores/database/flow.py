@@ -17,6 +17,7 @@ deadline (S7): past it, they change nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from typing import Any
@@ -48,6 +49,15 @@ def parse_chain(text: str) -> list[list[str]]:
 def was_replaced(chain: str, owner: str) -> bool:
     """``owner``'s queued lock is in ``chain``: a take-over replaced it (R1)."""
     return any(entry[0] == owner for entry in parse_chain(chain))
+
+
+def undo_key(key: JobKey) -> str:
+    """Where the undo of a dispatch at ``key`` leaves its tombstone (an expired row); hashed
+    when it would not fit the key column."""
+    name = f"{key.key}:undo"
+    if len(name) <= JobLock._meta.get_field("key").max_length:  # type: ignore[operator]
+        return name
+    return f"{key.key[:300]}:undo:{hashlib.sha256(key.key.encode()).hexdigest()}"
 
 
 def kept_request(request: str | None) -> str | None:
@@ -121,7 +131,7 @@ class DatabaseFlowMixin:
 
     def _undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         rows = JobLock.objects.using(self.using)
-        tombstone = {"key": f"{key.key}:undo", "owner": owner, "nonce": request or ""}
+        tombstone = {"key": undo_key(key), "owner": owner, "nonce": request or ""}
         with transaction.atomic(using=self.using):
             row = rows.select_for_update().filter(key=key.key, expires_at__gt=ServerNow()).first()
             if row is not None and self._undo_row(row, owner, request):
