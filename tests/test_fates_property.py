@@ -33,11 +33,10 @@ runs. At the end every message has run and every result a caller waits on is rea
 store holds nothing. (D7's state loss is not injected here: tests/test_protocol_property.py.)
 
 ``uv run pytest tests/test_fates_property.py`` runs FATES_EXAMPLES (200) derandomized examples
-per store (the slower stores under ``-m matrix``), every fate on every store but the database
-store, which is dealt the fates it holds today (``fates_model.OPEN``: ok and never sent;
-DEDUP_JOBS_FATES=all deals every fate there too and is red with the open failures listed
-there); DEDUP_JOBS_FATES=ok,lost deals only those; DEDUP_JOBS_FATES_SEARCH=N explores N random
-examples instead. Each run prints examples and fates per store and its time.
+per store (the slower stores under ``-m matrix``), every fate on every store (a store listed
+in ``fates_model.OPEN`` is dealt only the fates listed there: none is, since the database
+store holds all five); DEDUP_JOBS_FATES=ok,lost deals only those; DEDUP_JOBS_FATES_SEARCH=N
+explores N random examples instead. Each run prints examples and fates per store and its time.
 """
 
 from __future__ import annotations
