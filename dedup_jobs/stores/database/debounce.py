@@ -18,10 +18,12 @@ dispatcher's, as its message's countdown is.
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
@@ -42,6 +44,13 @@ from dedup_jobs.stores.base import (
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import PendingDebounce
 from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
+
+logger = logging.getLogger("dedup_jobs")
+
+#: seconds between two sweeps of expired claim records by one store object, and the most
+#: one sweep deletes (a claim leaves one record per burst: they must not pile up)
+SWEEP_EVERY = 60.0
+SWEEP_BATCH = 1000
 
 
 def claim_record_key(key: JobKey, message_id: str) -> str:
@@ -158,7 +167,32 @@ class DatabaseDebounceMixin:
         return str(message), str(absorbed)
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
-        return self._guard(self._claim, key, message_id, now)  # type: ignore[no-any-return]
+        due: Due = self._guard(self._claim, key, message_id, now)
+        if due.action == CLAIMED:
+            self._sweep_claim_records()
+        return due
+
+    #: when this store object last swept expired claim records (monotonic seconds)
+    _swept: float | None = None
+
+    def _sweep_claim_records(self) -> None:
+        """Delete up to SWEEP_BATCH expired claim records, at most once per SWEEP_EVERY
+        seconds per store object (the first a while after it is made), off the claim's own
+        statement. A failure is only logged: the claim was made, the next sweep tries."""
+        moment = time.monotonic()
+        if self._swept is None:
+            self._swept = moment
+        if moment - self._swept < SWEEP_EVERY:
+            return
+        self._swept = moment
+        rows = PendingDebounce.objects.using(self.using).filter(
+            count=0, expires_at__lte=ServerNow())
+        try:
+            pks = list(rows.order_by("expires_at").values_list("pk", flat=True)[:SWEEP_BATCH])
+            if pks:
+                rows.filter(pk__in=pks).delete()
+        except DatabaseError as exc:
+            logger.debug("store %r: sweeping claim records failed: %s", self.alias, exc)
 
     def _claim(self, key: JobKey, message_id: str, now: float) -> Due:
         connection = connections[self.using]
