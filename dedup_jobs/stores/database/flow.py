@@ -3,13 +3,17 @@ of a failed dispatch, kept apart from ``store.py`` so the lock statements there 
 are. Every expiry is the database server's clock, in the statement that decides
 (:mod:`~dedup_jobs.stores.database.servertime`, S3); the ``now`` the callers pass is not used.
 
-R1 takes the row as a plain acquire does (``_take``: one statement where the database has
-one), then, held by another owner, locks it (``SELECT … FOR UPDATE``, read with the server's
-clock) and decides on it in a transaction: a queued holder is replaced, and kept with its
-nonce (its dispatch's request) at the head of the row's ``chain`` (JSON, newest first, at
-most 16, as the Redis scripts and the cache stores keep theirs), so that the undo of a
-take-over whose reply was lost gives the lock back (S7), and the replaced holder's worker
-check is told it was taken over (``Started.taken_over``). R2 is one transaction: read the lock
+R1 replaces a queued holder and keeps it, with its nonce (its dispatch's request), at the head
+of the row's ``chain`` (JSON, newest first, at most 16, as the Redis scripts and the cache
+stores keep theirs), so that the undo of a take-over whose reply was lost gives the lock back
+(S7), and the replaced holder's worker check is told it was taken over
+(``Started.taken_over``). On PostgreSQL and SQLite (3.35+) that is one statement: the upsert of
+``store.py`` whose conflict branch also overwrites a row held *queued* by another owner and
+pushes it onto the chain (``jsonb`` on PostgreSQL, SQLite's JSON functions). MariaDB and MySQL
+(whose ``ON DUPLICATE KEY UPDATE`` assigns left to right, so a condition on the owner cannot
+survive the owner's own assignment) and other databases take the row as a plain acquire does
+(``_take``), then, held by another owner, lock it (``SELECT … FOR UPDATE``, read with the
+server's clock) and decide on it in a transaction. R2 is one transaction: read the lock
 and the running marker (``{key}:run``, a ``JobLock`` row like any lock) under ``FOR UPDATE``,
 take the marker with the store's ``_take``, delete the caller's lock. Both carry the caller's
 deadline (S7): past it, they change nothing.
@@ -22,15 +26,16 @@ import json
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
+from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import JobLock
-from dedup_jobs.stores.database.servertime import ServerNow
+from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
 
 #: the ``nonce`` column's length: a longer request id is not kept (matched by owner alone)
 NONCE_LENGTH = 40
@@ -39,6 +44,30 @@ ATTEMPTS = 5
 #: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
 #: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
 CHAIN = 16
+
+
+# R1 in one statement (PostgreSQL, SQLite): take a free row, or replace a row held queued by
+# another owner ({replace}) and push that holder (owner, nonce) onto the chain ({pushed}, the 16
+# newest); a row held running, or ours, is left as it is. Every assignment reads the old row.
+TAKE_OVER = """
+INSERT INTO {t} {columns} {values}
+ON CONFLICT ({k}) DO UPDATE SET
+  owner = CASE WHEN {take} THEN EXCLUDED.owner ELSE {t}.owner END,
+  state = CASE WHEN {take} THEN EXCLUDED.state ELSE {t}.state END,
+  task_name = CASE WHEN {take} THEN EXCLUDED.task_name ELSE {t}.task_name END,
+  ident = CASE WHEN {take} THEN EXCLUDED.ident ELSE {t}.ident END,
+  acquired_at = CASE WHEN {take} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
+  expires_at = CASE WHEN {take} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
+  nonce = CASE WHEN {take} THEN EXCLUDED.nonce ELSE {t}.nonce END,
+  chain = CASE WHEN {free} THEN EXCLUDED.chain WHEN {replace} THEN {pushed} ELSE {t}.chain END
+"""
+REPLACE = "({t}.state = 'queued' AND {t}.owner <> EXCLUDED.owner AND NOT {free})"
+PUSHED = {
+    "postgresql": "((jsonb_build_array(jsonb_build_array({t}.owner, {t}.nonce)) || CASE WHEN"
+                  " {t}.chain = '' THEN '[]'::jsonb ELSE {t}.chain::jsonb END) - {cap})::text",
+    "sqlite": "json_remove('[' || json_array({t}.owner, {t}.nonce) || CASE WHEN {t}.chain IN"
+              " ('', '[]') THEN ']' ELSE ',' || substr({t}.chain, 2) END, '$[{cap}]')",
+}
 
 
 def parse_chain(text: str) -> list[list[str]]:
@@ -73,6 +102,7 @@ class DatabaseFlowMixin:
     _take: Any
     _dispatch: Any
     _refused: Any
+    _deadline_param: Any
     _delete_mine: Any
 
     @property
@@ -82,8 +112,44 @@ class DatabaseFlowMixin:
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
+        vendor = connections[self.using].vendor
+        if sql.dialect(connections[self.using]) == "on_conflict" and vendor in PUSHED:
+            return self._dispatch(  # type: ignore[no-any-return]
+                self._take_over_upsert, key, owner, ttl, kept_request(request))
         return self._dispatch(  # type: ignore[no-any-return]
             self._take_over, key, owner, ttl, kept_request(request))
+
+    def _take_over_upsert(self, key: JobKey, owner: str, ttl: float, request: str | None, *,
+                          deadline: int) -> Acquired:
+        """R1 in one statement (TAKE_OVER), past the caller's deadline nothing (S7)."""
+        connection = connections[self.using]
+        names = sql.names(connection, JobLock._meta.db_table)
+        t = names["t"]
+        free = sql.FREE["on_conflict"].format(t=t)
+        replace = REPLACE.format(t=t, free=free)
+        now, now_params = server_now(connection)
+        until, until_params = server_later(connection, ttl)
+        statement = TAKE_OVER.format(
+            columns=sql.LOCK_COLUMNS.format(**names),
+            values=sql.in_time(sql.LOCK_VALUES.format(now=now, until=until), now,
+                               "on_conflict"),
+            take=f"({free} OR {replace})", free=free, replace=replace,
+            pushed=PUSHED[connection.vendor].format(t=t, cap=CHAIN), **names,
+        )
+        nonce = request or uuid.uuid4().hex
+        params = [key.key, key.task_name, key.ident, owner, QUEUED, *now_params, *until_params,
+                  nonce, *now_params, self._deadline_param(deadline)]
+        rows = sql.decide(connection, "on_conflict", statement, params, names=names,
+                          key=key.key, result=sql.LOCK_RESULT)
+        if not rows:
+            raise self._refused(deadline)
+        ((holder, returned, chain),) = rows
+        if holder != owner:
+            return Acquired(acquired=False, holder=str(holder))
+        if request and returned != request:  # ours under another request: a duplicate
+            return Acquired(acquired=False, holder=owner)
+        # taken now (free: no chain), replaced now, or this request made again (S7)
+        return Acquired(acquired=True, holder=owner, replaced=_head(str(chain or "")))
 
     def _take_over(self, key: JobKey, owner: str, ttl: float, request: str | None, *,
                    deadline: int) -> Acquired:
