@@ -3,8 +3,9 @@
 :class:`Fates` injects a fate at the client side of one store call: ``ok`` (answered),
 ``resent`` (executed, the reply lost, the client's one re-send answered: S7), ``never``
 (StoreUnavailable before sending), ``lost`` (executed, then StoreUnavailable) and ``late``
-(StoreUnavailable now; the call lands at a later step, after its caller gave up: a script that
-carries a deadline, the Redis family's dispatch scripts, is run past it and must change nothing).
+(StoreUnavailable now; the call lands at a later step, after its caller gave up: a decision that
+carries a deadline, a Redis script, a cache store's write, a database statement, is run past it
+and must change nothing).
 It also counts the fates it dealt, per store, for the closing note.
 """
 
@@ -79,8 +80,8 @@ class Fates:
 @contextlib.contextmanager
 def past_deadline(store: BaseStore) -> Iterator[None]:
     """Run a call as if it reached the server after its caller's deadline (STORE_TIMEOUT):
-    a store whose dispatch scripts carry a deadline (the Redis family, clusters included)
-    gets a deadline that has passed; the others have none and run the call as it is."""
+    the store's decisions that carry a deadline (``deadline_ms``: the Redis family's scripts,
+    the cache stores' writes, the database store's statements) get one that has passed."""
     own = getattr(store, "deadline_ms", None)
     if own is None:
         yield
@@ -114,18 +115,12 @@ SLACK = 2.0  # seconds of clock difference allowed when reading an expiry
 SEARCH = int(os.environ.get("DEDUP_JOBS_FATES_SEARCH", "0"))
 EXAMPLES = int(os.environ.get("FATES_EXAMPLES", "200"))
 
-#: The fates dealt by default (CI): every fate on every store, but the database store, which
-#: holds the answered call and "never executed" only (issue 21 stays open for it; with
-#: DEDUP_JOBS_FATES=all it is red with these failures, shrunk; docs/semantics.md, "Fates of a
-#: store call", lists them too):
-#: - late: a renewal's take-back and the worker checks (START, START_EXCLUSIVE) carry no
-#:   deadline there, so a late one takes a lock or running marker for a run that has ended;
-#: - lost: it undoes a take-over by a plain release (no give-back, no take-over report in
-#:   START), so the replaced holder is skipped as held by a dispatch that failed;
-#: - resent: it keeps no claim record, so a claim made again answers "missing".
-#: On the database store CI deals a held fate in place of an open one: a failing fate
-#: becomes "never", the re-send "ok".
-OPEN = {"database": ("ok", "never")}
+#: The fates dealt by default (CI): every fate on every store. A store that cannot hold one
+#: yet is listed here by name prefix with the fates it holds (a failing fate is then dealt as
+#: "never", the re-send as "ok"). Empty since the database store holds all five (issue 21:
+#: its worker checks and a renewal's take-back carry a deadline, a take-over keeps the
+#: holders it replaced for the undo and the replaced holder's check, a claim keeps a record).
+OPEN: dict[str, tuple[str, ...]] = {}
 #: DEDUP_JOBS_FATES="ok,lost" deals only those fates on every store (to tell a fate's
 #: failures from the model's); "all" deals every fate on every store
 _asked = os.environ.get("DEDUP_JOBS_FATES", "")

@@ -212,6 +212,33 @@ def test_row_locking_path(database: str, monkeypatch: pytest.MonkeyPatch) -> Non
         assert dispatch(store, "new", 2, T0 + 100).new is True
 
 
+@pytest.mark.django_db(databases="__all__")
+@pytest.mark.parametrize("database", [
+    "default",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mariadb),
+])
+def test_expired_claim_records_are_swept(database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """S7: a claim leaves one record per burst on the database store (a claim made again gets
+    its answer); expired ones are deleted by a later claim's sweep, so they never pile up, and
+    a record still in its CLAIM_RECORD_SECONDS is kept."""
+    from dedup_jobs.stores.database import debounce as database_debounce
+    from dedup_jobs.stores.database.models import PendingDebounce
+
+    monkeypatch.setattr(database_debounce, "SWEEP_EVERY", 0.0)
+    with override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": database}):
+        store = get_store("database")
+        records = PendingDebounce.objects.using(database).filter(count=0)
+        assert dispatch(store, "a", 1, T0).new
+        assert store.claim_due(KEY, "a", now=T0 + 5).action == CLAIMED
+        assert list(records.values_list("message_id", flat=True)) == ["a"]
+        records.update(expires_at=clock.db_datetime(time.time() - 1))
+        assert dispatch(store, "b", 2, T0 + 10).new
+        assert store.claim_due(KEY, "b", now=T0 + 15).action == CLAIMED
+        assert list(records.values_list("message_id", flat=True)) == ["b"]
+        assert store.claim_due(KEY, "b", now=T0 + 15).absorbed == ("b",)
+
+
 def test_redis_one_round_trip_per_dispatch_and_claim(
     family_store: str, server_client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,7 +277,7 @@ def test_redis_one_round_trip_per_dispatch_and_claim(
 @override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "postgres"})
 def test_postgres_dispatch_and_claim_are_one_statement() -> None:
     """S3 / section 8: on PostgreSQL a debounced dispatch is one statement (first and
-    absorbed alike), and so is claiming a due burst."""
+    absorbed alike), and so is claiming a due burst (the row moved to its claim record, S7)."""
     store = get_store("database")
     for task_id, now in (("a", T0), ("b", T0 + 1)):
         with CaptureQueriesContext(connections["postgres"]) as queries:
@@ -258,4 +285,4 @@ def test_postgres_dispatch_and_claim_are_one_statement() -> None:
         assert len(queries) == 1 and "ON CONFLICT" in queries[0]["sql"]
     with CaptureQueriesContext(connections["postgres"]) as queries:
         assert store.claim_due(KEY, "a", now=T0 + 3).action == CLAIMED
-    assert len(queries) == 1 and "DELETE" in queries[0]["sql"]
+    assert len(queries) == 1 and queries[0]["sql"].lstrip().startswith("UPDATE")

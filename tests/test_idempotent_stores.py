@@ -18,6 +18,7 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, BaseStore, encode_call
+from dedup_jobs.stores.database import statements
 from tests.conftest import LOCMEM, MARIADB, PLUGIN, POSTGRES, REDIS_FAMILY, store_fixture
 
 pytestmark = pytest.mark.django_db(databases="__all__")
@@ -25,6 +26,10 @@ pytestmark = pytest.mark.django_db(databases="__all__")
 store_name = store_fixture([
     *REDIS_FAMILY, LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
     pytest.param("memcached", id="memcached"), PLUGIN,
+    # the database store's row-locking path (portable.py: databases without its statements)
+    pytest.param("database", id="database-sqlite-portable"),
+    pytest.param("database-postgres", marks=pytest.mark.postgres,
+                 id="database-postgres-portable"),
 ])
 
 LOCK = build_key("unique", "tests.idempotent_stores", "item=1")
@@ -32,26 +37,21 @@ BURST = build_key("debounce", "tests.idempotent_stores", "item=1")
 
 
 @pytest.fixture
-def store(store_name: str) -> Iterator[BaseStore]:
+def store(store_name: str, request: pytest.FixtureRequest,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[BaseStore]:
     caches["locmem"].clear()
+    if "-portable" in request.node.callspec.id:
+        monkeypatch.setattr(statements, "dialect", lambda connection: None)
     yield get_store("database" if store_name.startswith("database") else store_name)
 
 
-def no_claim_record_on_the_database(request: pytest.FixtureRequest, store_name: str) -> None:
-    """Known gap (issue 21 case 7): the database store deletes a claimed burst's row and keeps
-    no claim record yet, so a claim made again answers "missing". Strict: fixed, it fails."""
+def no_dispatch_record_on_the_database(request: pytest.FixtureRequest, store_name: str) -> None:
+    """Known gap (issue 21): the database store keeps a claim record per message (a claim made
+    again answers as the first did), but no record per dispatch, so a dispatch made again
+    after its burst was claimed starts a new burst. Strict: fixed, it fails."""
     if store_name.startswith("database"):
         request.applymarker(pytest.mark.xfail(
-            strict=True, reason="issue 21 case 7: no claim record on the database store yet"))
-
-
-def release_undoes_on_the_database(request: pytest.FixtureRequest, store_name: str) -> None:
-    """Known gap (issue 21): the database store undoes a failed dispatch by releasing its
-    owner's lock (no request match, no give-back after a take-over, no undo tombstone).
-    Strict: fixed, it fails."""
-    if store_name.startswith("database"):
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="issue 21: the database store undoes by a release"))
+            strict=True, reason="issue 21: no per-dispatch record on the database store yet"))
 
 
 def debounce(store: BaseStore, task_id: str, value: int) -> Any:
@@ -101,6 +101,21 @@ def test_debounce_past_its_deadline_changes_nothing(
     assert store.get_debounce(BURST) is None
 
 
+def test_late_renewal_takes_no_lock_back(
+    store: BaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S7/W6: a renewal that reaches the store after its caller gave up (its run may have
+    ended and released since) does not take the freed key back; in time it does."""
+    assert store.start(LOCK, "r1", 30, now=clock.now(), release=False, delivery="n1").took
+    assert store.release(LOCK, "r1")
+    with monkeypatch.context() as late:
+        past_deadline(store, late)
+        with pytest.raises(StoreUnavailable, match=LATE):
+            store.renew(LOCK, "r1", 30, now=clock.now(), delivery="n1")
+    assert store.get(LOCK) is None
+    assert store.renew(LOCK, "r1", 30, now=clock.now(), delivery="n1").retaken
+
+
 def test_release_resent_answers_released(store: BaseStore) -> None:
     """S7/U4: a release made again (its reply lost) answers True, as the first did; another
     owner's lock is never deleted by it."""
@@ -136,13 +151,10 @@ def test_debounce_resent_after_absorbing_answers_the_same(store: BaseStore) -> N
     assert due.action == CLAIMED and due.absorbed == ("a", "b", "c")
 
 
-def test_claim_resent_gets_the_same_latest_arguments_and_ids(
-    store: BaseStore, request: pytest.FixtureRequest, store_name: str
-) -> None:
+def test_claim_resent_gets_the_same_latest_arguments_and_ids(store: BaseStore) -> None:
     """S7/D4: a claim made again by the message that claimed the burst gets the same latest
     arguments and ids (not "missing", which runs the first dispatch's and leaves the others'
     results never ready)."""
-    no_claim_record_on_the_database(request, store_name)
     debounce(store, "a", 1)
     debounce(store, "b", 2)
     first = store.claim_due(BURST, "a", now=clock.now() + 1)
@@ -156,7 +168,7 @@ def test_debounce_resent_after_its_burst_ran_starts_nothing(
     store: BaseStore, request: pytest.FixtureRequest, store_name: str
 ) -> None:
     """S7/D5: a dispatch whose burst was claimed, made again late, is not a new burst."""
-    no_claim_record_on_the_database(request, store_name)
+    no_dispatch_record_on_the_database(request, store_name)
     debounce(store, "a", 1)
     debounce(store, "b", 2)
     assert store.claim_due(BURST, "a", now=clock.now() + 1).action == CLAIMED
@@ -176,14 +188,11 @@ def test_acquire_resent_with_an_explicit_id_answers_taken(store: BaseStore) -> N
     assert not other.acquired and other.holder == "x"
 
 
-def test_claim_resent_after_a_later_burst_was_claimed(
-    store: BaseStore, request: pytest.FixtureRequest, store_name: str
-) -> None:
+def test_claim_resent_after_a_later_burst_was_claimed(store: BaseStore) -> None:
     """D4/S7: a claim made again by its message (its reply was lost, the message tried again)
     after a later burst of the key was claimed (by its own message, or by the undo of a
     failed dispatch) gets its own answer back, with every absorbed id, not "missing" (which
     runs the message alone and leaves the ids it absorbed waiting forever)."""
-    no_claim_record_on_the_database(request, store_name)
     debounce(store, "d1", 1)
     debounce(store, "d2", 2)
     first = store.claim_due(BURST, "d1", now=clock.now() + 1)
@@ -199,13 +208,12 @@ def test_claim_resent_after_a_later_burst_was_claimed(
 
 
 def test_undo_of_chained_take_overs_gives_the_lock_back_to_the_first_holder(
-    store: BaseStore, request: pytest.FixtureRequest, store_name: str
+    store: BaseStore,
 ) -> None:
     """S7/R1: a queued holder replaced by a take-over whose reply was lost, that one replaced
     in turn by another whose reply was lost too: the replaced holder's check waits (it was
     taken over, not skipped), and once both undos ran, in either order, the lock is the first
     holder's again, never one of the failed dispatches'."""
-    release_undoes_on_the_database(request, store_name)
     for first_undone in ("g2", "g3"):
         store.release(LOCK, "g1")
         assert store.acquire(LOCK, "g1", 30, now=clock.now(), request="r1").acquired
@@ -220,13 +228,10 @@ def test_undo_of_chained_take_overs_gives_the_lock_back_to_the_first_holder(
         assert lock is not None and (lock.owner, lock.state) == ("g1", "queued"), lock
 
 
-def test_a_take_over_keeps_the_16_newest_holders_it_replaced(
-    store: BaseStore, request: pytest.FixtureRequest, store_name: str
-) -> None:
+def test_a_take_over_keeps_the_16_newest_holders_it_replaced(store: BaseStore) -> None:
     """S7/R1, cost: a replace storm keeps at most 16 replaced holders in the lock (each
     take-over stays one small write): undone newest first, 20 take-overs give the lock back
     down to the 16th holder before the last; the undo past them frees the key."""
-    release_undoes_on_the_database(request, store_name)
     assert store.acquire(LOCK, "g0", 30, now=clock.now(), request="r0").acquired
     for n in range(1, 21):
         assert store.take_over(LOCK, f"g{n}", 30, now=clock.now(), request=f"r{n}").acquired
@@ -237,13 +242,10 @@ def test_a_take_over_keeps_the_16_newest_holders_it_replaced(
     assert store.get(LOCK) is None
 
 
-def test_undo_made_again_answers_as_the_first(
-    store: BaseStore, request: pytest.FixtureRequest, store_name: str
-) -> None:
+def test_undo_made_again_answers_as_the_first(store: BaseStore) -> None:
     """S7/U2: an undo whose reply was lost, made again, answers True as the first did (the
     caller marks an explicit id REVOKED only on True: a dispatch deduplicated onto it meanwhile
     must not wait forever); another request's undo answers False and leaves the lock."""
-    release_undoes_on_the_database(request, store_name)
     assert store.acquire(LOCK, "e1", 30, now=clock.now(), request="r1").acquired
     assert not store.undo(LOCK, "e1", "other-request")
     assert store.get(LOCK).owner == "e1"  # type: ignore[union-attr]

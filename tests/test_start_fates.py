@@ -1,10 +1,12 @@
-"""S7/W4 on the Redis store: the worker's checks under the "late" fate (the call reaches the
-server after its caller gave up, so the caller already ran W4 or deferred, W7; issue 21:
-START, START_EXCLUSIVE). A late check changes nothing (it carries its caller's deadline, as
-ACQUIRE does): whatever the check should have taken is taken by the re-send the
-reconciliation (W4) or the deferred copy (W7) sends with a deadline of its own. (The claim
-record under a re-send is proved on every store in tests/test_idempotent_stores.py.) Found by
-tests/test_fates_property.py's minimal examples."""
+"""S7/W4 on the Redis family and the database store: the worker's checks under the "late"
+fate (the call reaches the server after its caller gave up, so the caller already ran W4 or
+deferred, W7; issue 21: START, START_EXCLUSIVE; the database store's start and
+start_exclusive, on SQLite, PostgreSQL, MariaDB and its row-locking path). A late check
+changes nothing (it carries its caller's deadline, as ACQUIRE does): whatever the check should
+have taken is taken by the re-send the reconciliation (W4) or the deferred copy (W7) sends
+with a deadline of its own. (The claim record under a re-send is proved on every store in
+tests/test_idempotent_stores.py.) Found by tests/test_fates_property.py's minimal
+examples."""
 
 from __future__ import annotations
 
@@ -19,20 +21,32 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import running_key
+from dedup_jobs.stores.database import statements
+from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, database_alias
 from tests.fates_model import past_deadline
 
-pytestmark = [pytest.mark.redis, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db(databases="__all__")
 
 LOCK = build_key("unique", "tests.start_fates", "item=1")
 LEASE = 30.0
 
 
-@pytest.fixture
-def store(family_store: str) -> Iterator[Any]:
+@pytest.fixture(params=[
+    *REDIS_FAMILY, *DATABASE_STORE_PARAMS,
+    # the database store's row-locking path (portable.py: databases without its statements)
+    pytest.param("database", id="database-sqlite-portable"),
+])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """S1: the Redis store on each Redis-protocol backend (django-redis, Django's RedisCache,
-    django-valkey on Valkey)."""
-    with override_settings(DEDUP_JOBS={"STORE": family_store, "LEASE_SECONDS": 60}):
-        yield get_store(family_store)
+    django-valkey on Valkey); the database store on each database."""
+    name: str = request.param
+    if request.node.callspec.id.endswith("-portable"):
+        monkeypatch.setattr(statements, "dialect", lambda connection: None)
+    dedup: dict[str, Any] = {"STORE": name, "LEASE_SECONDS": 60}
+    if name.startswith("database"):
+        dedup.update(STORE="database", DATABASE_ALIAS=database_alias(name))
+    with override_settings(DEDUP_JOBS=dedup):
+        yield get_store(dedup["STORE"])
 
 
 def _late(store: Any, call: Any) -> str:

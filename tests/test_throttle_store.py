@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RELEASED, BaseStore
 from dedup_jobs.stores.throttling import HELD_BACK
 from tests import jobs_throttle
 from tests.conftest import DATABASE_STORE_PARAMS, PLUGIN, REDIS_FAMILY, store_fixture
+from tests.fates_model import past_deadline
 from tests.test_stores import delta
 
 #: the default run: django-redis and the database store on SQLite; the slow store matrix
@@ -230,6 +232,18 @@ def test_late_renewal_never_takes_a_released_slot_back(store_name: str) -> None:
     assert not late.held
     assert _running(store, key) == 0
     assert admit(store, key, "b", n=1).admitted
+
+
+def test_late_admission_takes_no_slot(store_name: str) -> None:
+    """T2/S7 (issue 21, the database store): an admission that reaches the store after its
+    caller gave up (the worker deferred the message, W7, and its copy ran and released since)
+    changes nothing: no slot is left for a run that is not running."""
+    store = _store(store_name)
+    key = jobs_throttle.two_at_once.throttle_key((12,), {})
+    with past_deadline(store), pytest.raises(StoreUnavailable):
+        admit(store, key, "g1", "n1", n=1)
+    assert _running(store, key) == 0
+    assert admit(store, key, "g2", n=1).admitted
 
 
 def test_admission_resent_after_its_task_was_admitted_again(store_name: str) -> None:

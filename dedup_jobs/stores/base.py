@@ -157,9 +157,10 @@ class BaseStore(ABC):
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed
         with StoreUnavailable (its reply lost): its lock, or, for a take-over, the lock given
-        back to the queued holder it replaced. True when something was undone. The Redis
-        family and the cache stores match the request and give a take-over back; the
-        database store releases ``owner``'s lock."""
+        back to the queued holder it replaced. True when something was undone, also to the
+        undo made again (a short tombstone). Every store matches the request and gives a
+        take-over back (the Redis family, the cache stores, the database store); this default,
+        for a store that keeps neither, releases ``owner``'s lock."""
         return self.release(key, owner)
 
     @abstractmethod

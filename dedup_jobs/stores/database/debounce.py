@@ -1,24 +1,35 @@
 """Debounce state in the database store: the ``PendingDebounce`` model.
 
 PostgreSQL, SQLite and MariaDB decide a dispatch in one statement (``INSERT … ON CONFLICT …
-DO UPDATE … RETURNING``, MariaDB's ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING``) and claim
-a due burst in one (``DELETE … RETURNING``); MySQL 8 reads the upsert's row back in its
-transaction and claims by locking the row; other databases lock the row in a transaction
-(:mod:`dedup_jobs.stores.database.portable`). A row's expiry is the database
-server's clock (S3); the burst's own times are the dispatcher's, as its message's countdown is.
+DO UPDATE … RETURNING``, MariaDB's ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING``);
+PostgreSQL and SQLite claim a due burst in one (``UPDATE … RETURNING``, see below); MySQL and
+MariaDB read the upsert's row back in its transaction (MySQL 8) and claim by locking the row;
+other databases lock the row in a transaction (:mod:`dedup_jobs.stores.database.portable`).
+
+A claim keeps the claimed burst's row as its claim record (S7): the row moves to
+:func:`claim_record_key` (one per message, so a later burst's claim never hides it), with
+``count`` 0 (``pending()`` leaves it out) and an expiry CLAIM_RECORD_SECONDS away, so that the
+claim made again by the same message (its reply lost) gets the same answer, not "missing".
+
+A row's expiry is the database server's clock (S3); the burst's own times are the
+dispatcher's, as its message's countdown is.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
     ADOPTED,
+    CLAIM_RECORD_SECONDS,
     CLAIMED,
     DUE_TOLERANCE,
     MISSING,
@@ -32,7 +43,23 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import PendingDebounce
-from dedup_jobs.stores.database.servertime import server_later, server_now
+from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
+
+logger = logging.getLogger("dedup_jobs")
+
+#: seconds between two sweeps of expired claim records by one store object, and the most
+#: one sweep deletes (a claim leaves one record per burst: they must not pile up)
+SWEEP_EVERY = 60.0
+SWEEP_BATCH = 1000
+
+
+def claim_record_key(key: JobKey, message_id: str) -> str:
+    """Where the claim of ``message_id``'s burst at ``key`` is kept (S7); hashed when it would
+    not fit the key column."""
+    name = f"{key.key}:claimed:{message_id}"
+    if len(name) <= PendingDebounce._meta.get_field("key").max_length:  # type: ignore[operator]
+        return name
+    return f"{key.key[:300]}:claimed:{hashlib.sha256(name.encode()).hexdigest()}"
 
 
 class DatabaseDebounceMixin:
@@ -140,17 +167,45 @@ class DatabaseDebounceMixin:
         return str(message), str(absorbed)
 
     def claim_due(self, key: JobKey, message_id: str, *, now: float) -> Due:
-        return self._guard(self._claim, key, message_id, now)  # type: ignore[no-any-return]
+        due: Due = self._guard(self._claim, key, message_id, now)
+        if due.action == CLAIMED:
+            self._sweep_claim_records()
+        return due
+
+    #: when this store object last swept expired claim records (monotonic seconds)
+    _swept: float | None = None
+
+    def _sweep_claim_records(self) -> None:
+        """Delete up to SWEEP_BATCH expired claim records, at most once per SWEEP_EVERY
+        seconds per store object (the first a while after it is made), off the claim's own
+        statement. A failure is only logged: the claim was made, the next sweep tries."""
+        moment = time.monotonic()
+        if self._swept is None:
+            self._swept = moment
+        if moment - self._swept < SWEEP_EVERY:
+            return
+        self._swept = moment
+        rows = PendingDebounce.objects.using(self.using).filter(
+            count=0, expires_at__lte=ServerNow())
+        try:
+            pks = list(rows.order_by("expires_at").values_list("pk", flat=True)[:SWEEP_BATCH])
+            if pks:
+                rows.filter(pk__in=pks).delete()
+        except DatabaseError as exc:
+            logger.debug("store %r: sweeping claim records failed: %s", self.alias, exc)
 
     def _claim(self, key: JobKey, message_id: str, now: float) -> Due:
         connection = connections[self.using]
         rows = PendingDebounce.objects.using(self.using)
         limit = now + DUE_TOLERANCE
-        if sql.dialect(connection) in sql.RETURNING_FORMS:
+        record_key = claim_record_key(key, message_id)
+        if sql.dialect(connection) == "on_conflict":  # UPDATE … RETURNING
             names = sql.names(connection, PendingDebounce._meta.db_table)
+            until, until_params = server_later(connection, CLAIM_RECORD_SECONDS)
             with connection.cursor() as cursor:
                 due = connection.ops.adapt_datetimefield_value(clock.db_datetime(limit))
-                cursor.execute(sql.CLAIM_DELETE.format(**names), [key.key, message_id, due])
+                cursor.execute(sql.CLAIM_MOVE.format(until=until, **names),
+                               [record_key, *until_params, key.key, message_id, due])
                 claimed = cursor.fetchall()
             if claimed:
                 return _claimed(*claimed[0])
@@ -163,8 +218,15 @@ class DatabaseDebounceMixin:
                     and row.message_id == message_id
                     and row.runs_at <= clock.db_datetime(limit)
                 ):
-                    rows.filter(pk=row.pk).delete()
+                    rows.filter(pk=row.pk).update(key=record_key, count=0,
+                                                  expires_at=ServerNow(CLAIM_RECORD_SECONDS))
                     return _claimed(row.latest_id, row.payload, row.absorbed)
+        if row is None or row.message_id != message_id:
+            # S7: this claim made again (its reply lost): the first claim's answer
+            record = rows.filter(key=record_key, message_id=message_id, count=0,
+                                 expires_at__gt=ServerNow()).first()
+            if record is not None:
+                return _claimed(record.latest_id, record.payload, record.absorbed)
         if row is None:
             return Due(action=MISSING)
         if row.message_id != message_id:

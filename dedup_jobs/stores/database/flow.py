@@ -1,27 +1,35 @@
-"""Flow control on the database store (R1 ``take_over``, R2 ``start_exclusive``), kept apart
-from ``store.py`` so the lock statements there stay as they are. Every expiry is the database
-server's clock, in the statement that decides (:mod:`~dedup_jobs.stores.database.servertime`,
-S3); the ``now`` the callers pass is not used.
+"""Flow control on the database store (R1 ``take_over``, R2 ``start_exclusive``) and S7's undo
+of a failed dispatch, kept apart from ``store.py`` so the lock statements there stay as they
+are. Every expiry is the database server's clock, in the statement that decides
+(:mod:`~dedup_jobs.stores.database.servertime`, S3); the ``now`` the callers pass is not used.
 
-R1 on PostgreSQL and SQLite (3.35+) is one statement: the upsert of ``store.py`` whose conflict
-branch also overwrites a row held *queued* by another owner, leaving the replaced owner in the
-row's ``nonce`` ("r" + owner: the only way ``RETURNING``, which returns the new row, can tell
-it). MariaDB and MySQL (whose ``ON DUPLICATE KEY UPDATE`` assigns left to right, so a
-condition on the owner cannot survive the owner's own assignment) and other databases take the
-row as a plain acquire does (``_take``), then, held by another owner, lock it
-(``SELECT … FOR UPDATE``, read with the server's clock) and decide on it in a transaction. R2 is
-one transaction: read the lock and the running marker (``{key}:run``, a ``JobLock`` row like any
-lock) under ``FOR UPDATE``, take the marker with the store's ``_take``, delete the caller's lock.
+R1 replaces a queued holder and keeps it, with its nonce (its dispatch's request), at the head
+of the row's ``chain`` (JSON, newest first, at most 16, as the Redis scripts and the cache
+stores keep theirs), so that the undo of a take-over whose reply was lost gives the lock back
+(S7), and the replaced holder's worker check is told it was taken over
+(``Started.taken_over``). On PostgreSQL and SQLite (3.35+) that is one statement: the upsert of
+``store.py`` whose conflict branch also overwrites a row held *queued* by another owner and
+pushes it onto the chain (``jsonb`` on PostgreSQL, SQLite's JSON functions). MariaDB and MySQL
+(whose ``ON DUPLICATE KEY UPDATE`` assigns left to right, so a condition on the owner cannot
+survive the owner's own assignment) and other databases take the row as a plain acquire does
+(``_take``), then, held by another owner, lock it (``SELECT … FOR UPDATE``, read with the
+server's clock) and decide on it in a transaction. R2 is one transaction: read the lock
+and the running marker (``{key}:run``, a ``JobLock`` row like any lock) under ``FOR UPDATE``,
+take the marker with the store's ``_take``, delete the caller's lock. Both carry the caller's
+deadline (S7): past it, they change nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
 from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
@@ -29,11 +37,18 @@ from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import JobLock
 from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
 
-#: the ``nonce`` column is 40 characters: an owner id up to 39 fits after the "r"
-NONCE_ROOM = 39
+#: the ``nonce`` column's length: a longer request id is not kept (matched by owner alone)
+NONCE_LENGTH = 40
 #: attempts when the row keeps changing hands between the take and the row lock
 ATTEMPTS = 5
+#: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
+#: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
+CHAIN = 16
 
+
+# R1 in one statement (PostgreSQL, SQLite): take a free row, or replace a row held queued by
+# another owner ({replace}) and push that holder (owner, nonce) onto the chain ({pushed}, the 16
+# newest); a row held running, or ours, is left as it is. Every assignment reads the old row.
 TAKE_OVER = """
 INSERT INTO {t} {columns} {values}
 ON CONFLICT ({k}) DO UPDATE SET
@@ -43,28 +58,47 @@ ON CONFLICT ({k}) DO UPDATE SET
   ident = CASE WHEN {take} THEN EXCLUDED.ident ELSE {t}.ident END,
   acquired_at = CASE WHEN {take} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
   expires_at = CASE WHEN {take} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
-  nonce = CASE WHEN {free} THEN EXCLUDED.nonce
-               WHEN {replace} AND LENGTH({t}.owner) <= {room} THEN 'r' || {t}.owner
-               WHEN {replace} THEN 'r?'
-               ELSE {t}.nonce END
+  nonce = CASE WHEN {take} THEN EXCLUDED.nonce ELSE {t}.nonce END,
+  chain = CASE WHEN {free} THEN EXCLUDED.chain WHEN {replace} THEN {pushed} ELSE {t}.chain END
 """
 REPLACE = "({t}.state = 'queued' AND {t}.owner <> EXCLUDED.owner AND NOT {free})"
+PUSHED = {
+    "postgresql": "((jsonb_build_array(jsonb_build_array({t}.owner, {t}.nonce)) || CASE WHEN"
+                  " {t}.chain = '' THEN '[]'::jsonb ELSE {t}.chain::jsonb END) - {cap})::text",
+    "sqlite": "json_remove('[' || json_array({t}.owner, {t}.nonce) || CASE WHEN {t}.chain IN"
+              " ('', '[]') THEN ']' ELSE ',' || substr({t}.chain, 2) END, '$[{cap}]')",
+}
 
 
-def _replaced_from(nonce: str) -> str | None:
-    """The replaced owner a take-over left in the row's nonce ("r?": too long to keep)."""
-    if nonce.startswith("r") and nonce != "r?" and not nonce.startswith("held-"):
-        return nonce[1:]
-    return None
+def parse_chain(text: str) -> list[list[str]]:
+    """The ``[owner, nonce]`` entries of a row's ``chain``, newest first."""
+    return list(json.loads(text)) if text else []
+
+
+def was_replaced(chain: str, owner: str) -> bool:
+    """``owner``'s queued lock is in ``chain``: a take-over replaced it (R1)."""
+    return any(entry[0] == owner for entry in parse_chain(chain))
+
+
+def undo_key(key: JobKey) -> str:
+    """Where the undo of a dispatch at ``key`` leaves its tombstone (an expired row); hashed
+    when it would not fit the key column."""
+    name = f"{key.key}:undo"
+    if len(name) <= JobLock._meta.get_field("key").max_length:  # type: ignore[operator]
+        return name
+    return f"{key.key[:300]}:undo:{hashlib.sha256(key.key.encode()).hexdigest()}"
+
+
+def kept_request(request: str | None) -> str | None:
+    """The request id as the row keeps it in its nonce (None: too long, matched by owner)."""
+    return request if request and len(request) <= NONCE_LENGTH else None
 
 
 class DatabaseFlowMixin:
-    """``take_over`` and ``start_exclusive`` for :class:`DatabaseStore`."""
+    """``take_over``, ``start_exclusive`` and ``undo`` for :class:`DatabaseStore`."""
 
     alias: str
     _guard: Any
-    _dialect: Any
-    _names: Any
     _take: Any
     _dispatch: Any
     _refused: Any
@@ -78,13 +112,18 @@ class DatabaseFlowMixin:
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
-        if self._dialect() == "on_conflict":
-            return self._dispatch(self._take_over_upsert, key, owner, ttl)  # type: ignore[no-any-return]
-        return self._dispatch(self._take_over_locked, key, owner, ttl)  # type: ignore[no-any-return]
+        vendor = connections[self.using].vendor
+        if sql.dialect(connections[self.using]) == "on_conflict" and vendor in PUSHED:
+            return self._dispatch(  # type: ignore[no-any-return]
+                self._take_over_upsert, key, owner, ttl, kept_request(request))
+        return self._dispatch(  # type: ignore[no-any-return]
+            self._take_over, key, owner, ttl, kept_request(request))
 
-    def _take_over_upsert(self, key: JobKey, owner: str, ttl: float, deadline: int) -> Acquired:
+    def _take_over_upsert(self, key: JobKey, owner: str, ttl: float, request: str | None, *,
+                          deadline: int) -> Acquired:
+        """R1 in one statement (TAKE_OVER), past the caller's deadline nothing (S7)."""
         connection = connections[self.using]
-        names = self._names()
+        names = sql.names(connection, JobLock._meta.db_table)
         t = names["t"]
         free = sql.FREE["on_conflict"].format(t=t)
         replace = REPLACE.format(t=t, free=free)
@@ -94,61 +133,127 @@ class DatabaseFlowMixin:
             columns=sql.LOCK_COLUMNS.format(**names),
             values=sql.in_time(sql.LOCK_VALUES.format(now=now, until=until), now,
                                "on_conflict"),
-            take=f"({free} OR {replace})", free=free, replace=replace, room=NONCE_ROOM,
-            **names,
+            take=f"({free} OR {replace})", free=free, replace=replace,
+            pushed=PUSHED[connection.vendor].format(t=t, cap=CHAIN), **names,
         )
-        nonce = uuid.uuid4().hex
+        nonce = request or uuid.uuid4().hex
         params = [key.key, key.task_name, key.ident, owner, QUEUED, *now_params, *until_params,
                   nonce, *now_params, self._deadline_param(deadline)]
         rows = sql.decide(connection, "on_conflict", statement, params, names=names,
                           key=key.key, result=sql.LOCK_RESULT)
         if not rows:
             raise self._refused(deadline)
-        ((holder, returned),) = rows
+        ((holder, returned, chain),) = rows
         if holder != owner:
             return Acquired(acquired=False, holder=str(holder))
-        # Ours: taken now (our nonce), replaced now or by our own earlier send (S7): "r…".
-        return Acquired(acquired=True, holder=owner, replaced=_replaced_from(str(returned)))
+        if request and returned != request:  # ours under another request: a duplicate
+            return Acquired(acquired=False, holder=owner)
+        # taken now (free: no chain), replaced now, or this request made again (S7)
+        return Acquired(acquired=True, holder=owner, replaced=_head(str(chain or "")))
 
-    def _take_over_locked(self, key: JobKey, owner: str, ttl: float, deadline: int) -> Acquired:
+    def _take_over(self, key: JobKey, owner: str, ttl: float, request: str | None, *,
+                   deadline: int) -> Acquired:
         """Take it as a plain acquire does (free or expired: one statement where the database
-        has one); held by another owner, lock the row and decide on it by the server's clock.
-        The row lock is never taken in the transaction that inserts (see ``portable.py``)."""
+        has one; the same request made again answers as the first did, S7); held by another
+        owner, lock the row and decide on it by the server's clock. The row lock is never
+        taken in the transaction that inserts (see ``portable.py``)."""
         rows = JobLock.objects.using(self.using)
         for _ in range(ATTEMPTS):
-            _holder, outcome = self._take(key, owner, QUEUED, ttl, overwrite_mine=False,
-                                          keep_acquired_if_mine=False, deadline=deadline)
+            holder, outcome, chain = self._take(key, owner, QUEUED, ttl, overwrite_mine=False,
+                                                keep_acquired_if_mine=False, deadline=deadline,
+                                                request=request)
             if outcome == "taken":
-                return Acquired(acquired=True, holder=owner)
+                return Acquired(acquired=True, holder=owner, replaced=_head(chain))
+            if holder == owner and request:  # ours under another request: a duplicate
+                return Acquired(acquired=False, holder=owner)
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is None or row.expires_at <= row.server_now:  # type: ignore[attr-defined]
                     continue  # released or expired in between: take it again
-                if row.owner == owner:
-                    return Acquired(acquired=True, holder=owner,
-                                    replaced=_replaced_from(row.nonce))
+                if row.owner == owner:  # made again without a request (S7)
+                    return Acquired(acquired=True, holder=owner, replaced=_head(row.chain))
                 if row.state == RUNNING:
                     return Acquired(acquired=False, holder=row.owner)
                 if row.server_now > clock.db_datetime(deadline / 1000):  # type: ignore[attr-defined]
                     raise self._refused(deadline)  # S7: a late take-over replaces nobody
-                replaced = row.owner
+                chain = json.dumps([[row.owner, row.nonce], *parse_chain(row.chain)][:CHAIN])
                 rows.filter(pk=row.pk).update(
                     owner=owner, state=QUEUED, task_name=key.task_name, ident=key.ident,
                     acquired_at=ServerNow(), expires_at=ServerNow(ttl),
-                    nonce=f"r{replaced}" if len(replaced) <= NONCE_ROOM else "r?")
-                return Acquired(acquired=True, holder=owner, replaced=replaced)
+                    nonce=request or uuid.uuid4().hex, chain=chain)
+                return Acquired(acquired=True, holder=owner, replaced=row.owner)
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+    def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
+        """S7: undo the failed dispatch ``request`` of ``owner`` (its nonce in the row): its
+        own queued lock is deleted, or, taken over, given back to the holder at the head of
+        its chain (with that holder's nonce and the rest of the chain); a take-over of it by a
+        later dispatch drops it from that lock's chain, so a later undo never gives the key
+        back to a dispatch that failed (chained take-overs). A running lock is left. The
+        undo leaves an expired row at ``{key}:undo`` (owner, request), so that the undo made
+        again answers True, as the first did, for the release tombstone's life."""
+        return self._guard(self._undo, key, owner, kept_request(request))  # type: ignore[no-any-return]
+
+    def _undo(self, key: JobKey, owner: str, request: str | None) -> bool:
+        rows = JobLock.objects.using(self.using)
+        tombstone = {"key": undo_key(key), "owner": owner, "nonce": request or ""}
+        with transaction.atomic(using=self.using):
+            row = rows.select_for_update().filter(key=key.key, expires_at__gt=ServerNow()).first()
+            if row is not None and self._undo_row(row, owner, request):
+                updated = rows.filter(key=tombstone["key"]).update(
+                    owner=owner, nonce=tombstone["nonce"], acquired_at=ServerNow(),
+                    expires_at=ServerNow(), state=QUEUED, chain="")
+                if not updated:
+                    with transaction.atomic(using=self.using):  # a savepoint
+                        rows.create(**tombstone, task_name=key.task_name, ident=key.ident,
+                                    state=QUEUED, acquired_at=ServerNow(),
+                                    expires_at=ServerNow())
+                return True
+        life = 2 * app_settings.STORE_TIMEOUT + 1
+        return rows.filter(**tombstone, acquired_at__gt=ServerNow(-life)).exists()
+
+    def _undo_row(self, row: JobLock, owner: str, request: str | None) -> bool:
+        """One undo on the locked ``row``: True when it gave the lock back, deleted it or
+        dropped the request from its chain."""
+        rows = JobLock.objects.using(self.using).filter(pk=row.pk)
+        chain = parse_chain(row.chain)
+        if row.owner == owner and (request is None or row.nonce == request):
+            if row.state == RUNNING:
+                return False  # it runs (a re-send of an explicit id's dispatch)
+            if chain:
+                (back, nonce), rest = chain[0], chain[1:]
+                rows.update(owner=back, nonce=nonce, chain=json.dumps(rest) if rest else "")
+            else:
+                rows.delete()
+            return True
+        for at, (entry, nonce) in enumerate(chain):
+            if entry == owner and (request is None or nonce == request):
+                rest = chain[:at] + chain[at + 1:]
+                rows.update(chain=json.dumps(rest) if rest else "")
+                return True
+        return False
+
+    def _taken_over(self, key: JobKey, holder: str, owner: str) -> float | None:
+        """R1/S7: seconds (server's clock) since ``holder``'s take-over replaced ``owner``'s
+        queued lock at ``key``, if it did; None otherwise. Read only on the skip path."""
+        found = (JobLock.objects.using(self.using).held().filter(key=key.key, owner=holder)
+                 .annotate(server_now=ServerNow())
+                 .values_list("chain", "acquired_at", "server_now").first())
+        if found is None or not was_replaced(found[0], owner):
+            return None
+        return max(0.0, (found[2] - found[1]).total_seconds())
 
     def start_exclusive(
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
         delivery: str | None = None,
     ) -> Started:
-        return self._guard(  # type: ignore[no-any-return]
+        return self._dispatch(  # type: ignore[no-any-return]
             self._start_exclusive, key, running, owner, lease, delivery or uuid.uuid4().hex)
 
     def _start_exclusive(
-        self, key: JobKey, running: JobKey, owner: str, lease: float, delivery: str
+        self, key: JobKey, running: JobKey, owner: str, lease: float, delivery: str, *,
+        deadline: int,
     ) -> Started:
         rows = JobLock.objects.using(self.using)
         for _ in range(ATTEMPTS):
@@ -156,6 +261,7 @@ class DatabaseFlowMixin:
                 with transaction.atomic(using=self.using):
                     held = {
                         row.key: row for row in rows.select_for_update()
+                        .annotate(server_now=ServerNow())
                         .filter(key__in=(key.key, running.key), expires_at__gt=ServerNow())
                     }
                     lock, marker = held.get(key.key), held.get(running.key)
@@ -163,14 +269,17 @@ class DatabaseFlowMixin:
                             delivery, f"held-{delivery}"):
                         return Started(run=True, holder=None, took=True)  # a re-send (S7)
                     if lock is not None and lock.owner != owner:
-                        return Started(run=False, holder=lock.owner)
+                        age = (lock.server_now - lock.acquired_at).total_seconds()  # type: ignore[attr-defined]
+                        return Started(run=False, holder=lock.owner, taken_over=max(0.0, age)
+                                       if was_replaced(lock.chain, owner) else None)
                     if marker is not None:
                         if marker.owner == owner:
                             return Started(run=False, holder=owner, live=True)
                         return Started(run=False, holder=marker.owner, overlap=True)
-                    holder, outcome = self._take(running, owner, RUNNING, lease,
-                                                 overwrite_mine=False,
-                                                 keep_acquired_if_mine=False, delivery=delivery)
+                    # S7: past the deadline the take refuses, and the whole check is undone
+                    holder, outcome, _chain = self._take(
+                        running, owner, RUNNING, lease, overwrite_mine=False,
+                        keep_acquired_if_mine=False, delivery=delivery, deadline=deadline)
                     if outcome != "taken":  # another run took the marker first
                         if holder == owner:
                             return Started(run=False, holder=owner, live=True)
@@ -180,3 +289,9 @@ class DatabaseFlowMixin:
             except IntegrityError:
                 continue  # the marker row was created meanwhile: decide again
         raise StoreUnavailable(self.alias, f"{running.key!r} changed hands 5 times in a row")
+
+
+def _head(chain: str) -> str | None:
+    """The holder a take-over replaced (the head of its chain), or None."""
+    entries = parse_chain(chain)
+    return entries[0][0] if entries else None

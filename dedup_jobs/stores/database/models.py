@@ -27,6 +27,10 @@ class JobLock(models.Model):
     expires_at = models.DateTimeField(db_index=True)
     # Set per acquire call so one statement can tell "taken now" from "already held".
     nonce = models.CharField(max_length=40, default="", editable=False)
+    #: R1/S7: the queued holders a take-over replaced, newest first, as JSON ``[[owner,
+    #: nonce], …]`` (at most 16; "" for none): an undo of the failed take-over gives the lock
+    #: back, and the replaced holder's worker check is told it was taken over
+    chain = models.TextField(blank=True, default="", editable=False)
 
     objects = JobLockQuerySet.as_manager()
 
@@ -42,10 +46,12 @@ class JobLock(models.Model):
 
 
 class PendingDebounceQuerySet(models.QuerySet["PendingDebounce"]):
-    """``pending()`` / ``expired()`` compare against the database server's clock (S3)."""
+    """``pending()`` / ``expired()`` compare against the database server's clock (S3).
+    ``pending()`` leaves out claim records (``count`` 0: a claimed burst kept under
+    :func:`claim_record_key` for a claim made again, S7)."""
 
     def pending(self) -> PendingDebounceQuerySet:
-        return self.filter(expires_at__gt=ServerNow())
+        return self.filter(expires_at__gt=ServerNow(), count__gt=0)
 
     def expired(self) -> PendingDebounceQuerySet:
         return self.filter(expires_at__lte=ServerNow())

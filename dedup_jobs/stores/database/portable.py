@@ -41,14 +41,16 @@ class RowLockingMixin:
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
         keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
         request: str | None = None,
-    ) -> tuple[str, str]:
+    ) -> tuple[str, str, str]:
         """As the one-statement upsert: (owner now in the row, "taken" | "held" | "live" |
-        "other"); with a ``deadline``, nothing written once the server's now is past it."""
+        "other", its take-over chain); with a ``deadline``, nothing written once the server's
+        now is past it."""
         rows = JobLock.objects.using(self.using)
         nonce = delivery or request or uuid.uuid4().hex
         values: dict[str, Any] = {
             "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": state,
             "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
+            "chain": "",
         }
         late = None if deadline is None else clock.db_datetime(deadline / 1000)
         for _ in range(ATTEMPTS):
@@ -57,7 +59,7 @@ class RowLockingMixin:
                     if deadline is not None and self._server_past(deadline):
                         raise self._refused(deadline)  # S7: a late dispatch takes nothing
                     rows.create(key=key.key, **values)
-                return owner, "taken"
+                return owner, "taken", ""
             except IntegrityError:
                 pass
             with transaction.atomic(using=self.using):
@@ -70,37 +72,46 @@ class RowLockingMixin:
                         and row.nonce not in (nonce, f"held-{nonce}"))
                 mine = row.owner == owner and not free and not live
                 if mine and request and row.nonce == request:
-                    return owner, "taken"  # this request made again (S7)
+                    return owner, "taken", row.chain  # this request made again (S7)
                 if not (free or (overwrite_mine and mine)):
-                    return row.owner, "live" if live and row.owner == owner else "other"
+                    return (row.owner, "live" if live and row.owner == owner else "other",
+                            row.chain)
                 if late is not None and row.server_now > late:  # type: ignore[attr-defined]
                     raise self._refused(deadline)
                 update = dict(values)
+                if not free:  # ours: a re-entrant acquire or a worker start keeps the chain
+                    update["chain"] = row.chain
                 if mine and keep_acquired_if_mine:
                     update["acquired_at"] = row.acquired_at
                     update["nonce"] = nonce if row.nonce == nonce else f"held-{nonce}"
                 rows.filter(pk=row.pk).update(**update)
-                return owner, "taken" if update["nonce"] == nonce else "held"
+                return owner, "taken" if update["nonce"] == nonce else "held", update["chain"]
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
 
     def _server_past(self, deadline: int) -> bool:
         """The server's now is past ``deadline`` (epoch ms; read in the caller's transaction)."""
         return server_epoch(connections[self.using]) * 1000 > deadline
 
-    def _locked_renew(self, key: JobKey, owner: str, ttl: float, nonce: str) -> Renewed:
+    def _locked_renew(self, key: JobKey, owner: str, ttl: float, nonce: str, *,
+                      deadline: int) -> Renewed:
         """Extend the caller's held lock (never shorten it), take a free or expired key, or
-        report the other owner."""
+        report the other owner. S7: past the caller's ``deadline`` (the server's clock), the
+        take-back writes nothing (the run may have ended and released)."""
         rows = JobLock.objects.using(self.using)
         values: dict[str, Any] = {
             "task_name": key.task_name, "ident": key.ident, "owner": owner, "state": RUNNING,
             "acquired_at": ServerNow(), "expires_at": ServerNow(ttl), "nonce": nonce,
+            "chain": "",
         }
+        late = clock.db_datetime(deadline / 1000)
         for _ in range(ATTEMPTS):
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is not None:
                     if row.expires_at <= row.server_now:  # type: ignore[attr-defined]
+                        if row.server_now > late:  # type: ignore[attr-defined]
+                            raise self._refused(deadline)
                         rows.filter(pk=row.pk).update(**values)
                         return Renewed(held=True, retaken=True)
                     if row.owner != owner:
@@ -110,6 +121,8 @@ class RowLockingMixin:
                     return Renewed(held=True)
             try:
                 with transaction.atomic(using=self.using):
+                    if self._server_past(deadline):
+                        raise self._refused(deadline)
                     rows.create(key=key.key, **values)
                 return Renewed(held=True, retaken=True)
             except IntegrityError:

@@ -3,13 +3,13 @@
 Forms ("dialects"), by what the database has:
 
 - ``on_conflict``: PostgreSQL and SQLite (3.35+), ``INSERT … ON CONFLICT … DO UPDATE …
-  RETURNING`` and ``DELETE … RETURNING``: one statement per decision.
-- ``duplicate_key``: MariaDB (10.5+), ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING`` and
-  ``DELETE … RETURNING``: one statement per decision.
+  RETURNING`` and ``UPDATE … RETURNING``: one statement per decision.
+- ``duplicate_key``: MariaDB (10.5+), ``INSERT … ON DUPLICATE KEY UPDATE … RETURNING``: one
+  statement per decision, but the claim of a burst (no ``UPDATE … RETURNING`` to move the
+  row to its claim record: it locks the row, ``SELECT … FOR UPDATE``, and moves it).
 - ``duplicate_key_read``: MySQL 8 (no ``RETURNING``), the same ``INSERT … ON DUPLICATE KEY
   UPDATE`` and then a ``SELECT`` of the row in one transaction: the upsert decides, and keeps
-  the row locked until the read has it. A claim locks the row (``SELECT … FOR UPDATE``) and
-  deletes it.
+  the row locked until the read has it. A claim locks the row and moves it, as on MariaDB.
 - None (older SQLite and MariaDB, other databases): the row-locking path of
   :mod:`dedup_jobs.stores.database.portable`.
 
@@ -32,11 +32,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 # -- locks ----------------------------------------------------------------------------------
 
-LOCK_COLUMNS = '({k}, task_name, ident, owner, state, acquired_at, expires_at, nonce)'
-LOCK_VALUES = "VALUES (%s, %s, %s, %s, %s, {now}, {until}, %s)"
+LOCK_COLUMNS = '({k}, task_name, ident, owner, state, acquired_at, expires_at, nonce, chain)'
+LOCK_VALUES = "VALUES (%s, %s, %s, %s, %s, {now}, {until}, %s, '')"
 
 # The acquire / worker start upsert: insert, or overwrite the row when it is free (expired) or,
 # for a re-entrant acquire / worker start, already ours ({cond}). The per-call nonce tells the
+# A row taken free starts with no take-over chain (R1, S7: ``chain``, kept by a re-entrant acquire
+# and a worker start, as the Redis scripts keep theirs). The per-call nonce tells the
 # outcomes apart: returned as sent → taken now (row was free); "held-" + nonce → it was already
 # ours ({keep}); anything else → another owner holds it, or (worker start, our owner in the row)
 # another delivery of the same message runs it: the row's nonce is that delivery's (W5, LIVE).
@@ -51,6 +53,7 @@ ON CONFLICT ({k}) DO UPDATE SET
   acquired_at = CASE WHEN {keep} THEN {t}.acquired_at
                      WHEN {cond} THEN EXCLUDED.acquired_at ELSE {t}.acquired_at END,
   expires_at = CASE WHEN {cond} THEN EXCLUDED.expires_at ELSE {t}.expires_at END,
+  chain = CASE WHEN {free} THEN EXCLUDED.chain ELSE {t}.chain END,
   nonce = CASE WHEN {keep} AND {t}.nonce = EXCLUDED.nonce THEN {t}.nonce
                WHEN {keep} THEN 'held-' || EXCLUDED.nonce
                WHEN {cond} THEN EXCLUDED.nonce ELSE {t}.nonce END
@@ -70,6 +73,7 @@ ON DUPLICATE KEY UPDATE
   task_name = CASE WHEN {cond} THEN VALUES(task_name) ELSE {t}.task_name END,
   ident = CASE WHEN {cond} THEN VALUES(ident) ELSE {t}.ident END,
   state = CASE WHEN {cond} THEN VALUES(state) ELSE {t}.state END,
+  chain = CASE WHEN {free} THEN VALUES(chain) ELSE {t}.chain END,
   expires_at = CASE WHEN {cond} THEN VALUES(expires_at) ELSE {t}.expires_at END
 """,
 }
@@ -102,14 +106,16 @@ WHERE {k} = %s AND owner = %s AND expires_at > {now}
 # The lease taking a free key back (W6): insert, or overwrite an expired row; a row still held
 # is left as it is. The nonce is the running delivery's, as the worker start leaves it
 # ("held-" + nonce: the same delivery), so W5 still knows the run. ON CONFLICT returns no row
-# when it left a held row alone; ON DUPLICATE KEY always returns the row (owner, nonce).
+# when it left a held row alone; ON DUPLICATE KEY always returns the row (owner, nonce). Its
+# ``{values}`` carry the renewal's deadline (``in_time``, S7): a late take-back inserts and
+# updates nothing, and returns no row (the lease's run may have ended and released).
 TAKE_FREE = {
     "on_conflict": """
 INSERT INTO {t} {columns} {values}
 ON CONFLICT ({k}) DO UPDATE SET
   owner = EXCLUDED.owner, state = EXCLUDED.state, task_name = EXCLUDED.task_name,
   ident = EXCLUDED.ident, acquired_at = EXCLUDED.acquired_at,
-  expires_at = EXCLUDED.expires_at, nonce = EXCLUDED.nonce
+  expires_at = EXCLUDED.expires_at, nonce = EXCLUDED.nonce, chain = EXCLUDED.chain
 WHERE {t}.expires_at <= EXCLUDED.acquired_at
 """,
     "duplicate_key": """
@@ -121,6 +127,7 @@ ON DUPLICATE KEY UPDATE
   ident = CASE WHEN {free} THEN VALUES(ident) ELSE {t}.ident END,
   acquired_at = CASE WHEN {free} THEN VALUES(acquired_at) ELSE {t}.acquired_at END,
   nonce = CASE WHEN {free} THEN VALUES(nonce) ELSE {t}.nonce END,
+  chain = CASE WHEN {free} THEN VALUES(chain) ELSE {t}.chain END,
   expires_at = CASE WHEN {free} THEN VALUES(expires_at) ELSE {t}.expires_at END
 """,
 }
@@ -239,13 +246,16 @@ def _unless_resent(upsert: str, form: str) -> str:
 DEBOUNCE_UPSERT = {form: _unless_resent(text, form) for form, text in DEBOUNCE_UPSERT.items()}
 
 #: the columns each decision reads back (RETURNING, or the SELECT after it)
-LOCK_RESULT = "owner, nonce"
+LOCK_RESULT = "owner, nonce, chain"
 DEBOUNCE_RESULT = "message_id, absorbed"
 
-# Claim a due burst of this message (due by the caller's clock, as its countdown was): the row
-# goes, its latest arguments and ids come back.
-CLAIM_DELETE = """
-DELETE FROM {t} WHERE {k} = %s AND message_id = %s AND runs_at <= %s
+# Claim a due burst of this message (due by the caller's clock, as its countdown was), in one
+# statement (PostgreSQL, SQLite: ``UPDATE … RETURNING``): the row moves to its claim record's
+# key (S7: count 0, kept until {until}); its latest arguments and ids come back. Parameters:
+# the record's key, the {until} ones, key, message id, due.
+CLAIM_MOVE = """
+UPDATE {t} SET {k} = %s, count = 0, expires_at = {until}
+WHERE {k} = %s AND message_id = %s AND runs_at <= %s
 RETURNING latest_id, payload, absorbed
 """
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import closing
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections
@@ -29,25 +27,20 @@ from dedup_jobs.stores.base import (
     RUNNING,
     Acquired,
     BaseStore,
-    DebounceState,
-    LockInfo,
-    Page,
     Renewed,
     Started,
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
-from dedup_jobs.stores.database.flow import DatabaseFlowMixin
+from dedup_jobs.stores.database.flow import DatabaseFlowMixin, was_replaced
+from dedup_jobs.stores.database.listing import DatabaseReadingMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
 from dedup_jobs.stores.database.servertime import server_epoch, server_later, server_now
 from dedup_jobs.stores.database.throttle import DatabaseThrottleMixin
-from dedup_jobs.stores.search import Search
 
 logger = logging.getLogger("dedup_jobs")
 
-#: rows read per fetch when the admin searches
-SEARCH_CHUNK = 2000
 #: times a decision that lost a deadlock is tried (InnoDB rolled it back whole: nothing stays)
 DEADLOCK_TRIES = 5
 
@@ -59,7 +52,7 @@ def _deadlock(exc: DatabaseError) -> bool:
 
 
 class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
-                    DatabaseDebounceMixin, BaseStore):
+                    DatabaseDebounceMixin, DatabaseReadingMixin, BaseStore):
     can_list = True
 
     def __init__(self, alias: str = "database") -> None:
@@ -126,8 +119,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
         keep_acquired_if_mine: bool, delivery: str | None = None, deadline: int | None = None,
         request: str | None = None,
-    ) -> tuple[str, str]:
-        """Returns (owner now in the row, "taken" | "held" | "live" | "other"). With a
+    ) -> tuple[str, str, str]:
+        """Returns (owner now in the row, "taken" | "held" | "live" | "other", the row's
+        take-over chain: ``JobLock.chain``). With a
         ``delivery`` (worker start), a row of ours running under another delivery is left as
         it is ("live"). With a ``deadline`` (epoch ms, a dispatch), a statement the server
         runs past it changes nothing and raises StoreUnavailable (S7). A ``request`` (a
@@ -153,7 +147,7 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
             values = sql.in_time(values, now, form)
         statement = sql.UPSERT[text].format(
             columns=sql.LOCK_COLUMNS.format(**names), values=values,
-            cond=cond, keep=keep, **names,
+            cond=cond, keep=keep, free=free, **names,
         )
         nonce = delivery or request or uuid.uuid4().hex
         params = [key.key, key.task_name, key.ident, owner, state, *now_params, *until_params,
@@ -164,18 +158,19 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                           result=sql.LOCK_RESULT)
         if not rows and deadline is not None:
             raise self._refused(deadline)
-        ((holder, returned),) = rows
+        ((holder, returned, chain),) = rows
         outcome = (
             "taken" if returned == nonce
             else "held" if returned == f"held-{nonce}"
             else "live" if delivery is not None and holder == owner
             else "other"
         )
-        return str(holder), outcome
+        return str(holder), outcome, str(chain or "")
 
     def _dispatch(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        """S7: a dispatch decision (``func`` takes ``deadline``, the caller's, epoch ms on the
-        server's clock), through :meth:`_guard`. Refused as late while the caller was in
+        """S7: a decision that carries the caller's deadline (``func`` takes ``deadline``,
+        epoch ms on the server's clock): a dispatch's, a worker check's, a renewal's
+        take-back; through :meth:`_guard`. Refused as late while the caller was in
         time, the server's clock runs ahead: tried once more with the skew learnt."""
         for attempt in (1, 2):
             skew = self.skew_ms
@@ -210,7 +205,7 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         self, key: JobKey, owner: str, ttl: float, *, now: float, reentrant: bool = False,
         request: str | None = None,
     ) -> Acquired:
-        holder, outcome = self._dispatch(self._take, key, owner, QUEUED, ttl,
+        holder, outcome, _chain = self._dispatch(self._take, key, owner, QUEUED, ttl,
                                          overwrite_mine=reentrant, keep_acquired_if_mine=False,
                                          request=request if request and len(request) <= 40
                                          else None)
@@ -220,14 +215,19 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,
         delivery: str | None = None, redelivered: bool = False,
     ) -> Started:
-        return self._guard(  # type: ignore[no-any-return]
+        return self._dispatch(  # type: ignore[no-any-return]
             self._start, key, owner, lease, release, delivery or uuid.uuid4().hex)
 
     def _start(
-        self, key: JobKey, owner: str, lease: float, release: bool, delivery: str
+        self, key: JobKey, owner: str, lease: float, release: bool, delivery: str, *,
+        deadline: int,
     ) -> Started:
+        """S7: the check carries the worker's deadline (W4 ran the body, W7 deferred it by
+        then): past it, it releases and takes nothing (StoreUnavailable); its re-send does."""
         if release:
-            if self._delete_mine(key, owner):
+            now, now_params = server_now(connections[self.using])
+            if self._delete_mine_where(key, owner, f"{now} <= %s",
+                                       [*now_params, self._deadline_param(deadline)]):
                 return Started(run=True, holder=None, released=True)
             holder = (
                 JobLock.objects.using(self.using).held()
@@ -235,13 +235,21 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                 .values_list("owner", flat=True)
                 .first()
             )
-            if holder is not None and holder != owner:
-                return Started(run=False, holder=holder)
+            if holder == owner:  # ours, not deleted: past the deadline
+                raise self._refused(deadline)
+            if holder is not None:
+                return Started(run=False, holder=holder,
+                               taken_over=self._taken_over(key, holder, owner))
             return Started(run=True, holder=None)
-        holder, outcome = self._take(key, owner, RUNNING, lease, overwrite_mine=True,
-                                     keep_acquired_if_mine=True, delivery=delivery)
-        if outcome in ("other", "live"):
-            return Started(run=False, holder=holder, live=outcome == "live")
+        holder, outcome, chain = self._take(key, owner, RUNNING, lease, overwrite_mine=True,
+                                            keep_acquired_if_mine=True, delivery=delivery,
+                                            deadline=deadline)
+        if outcome == "other":
+            taken_over = (self._taken_over(key, holder, owner) if was_replaced(chain, owner)
+                          else None)
+            return Started(run=False, holder=holder, taken_over=taken_over)
+        if outcome == "live":
+            return Started(run=False, holder=holder, live=True)
         return Started(run=True, holder=None, took=outcome == "taken")
 
     def release(self, key: JobKey, owner: str) -> bool:
@@ -263,14 +271,16 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         nonce = f"held-{delivery}" if delivery else uuid.uuid4().hex
         form = self._dialect()
         if form is None:
-            return self._guard(self._locked_renew, key, owner, ttl, nonce)  # type: ignore[no-any-return]
-        return self._guard(self._renew, key, owner, ttl, nonce, form)  # type: ignore[no-any-return]
+            return self._dispatch(self._locked_renew, key, owner, ttl, nonce)  # type: ignore[no-any-return]
+        return self._dispatch(self._renew, key, owner, ttl, nonce, form)  # type: ignore[no-any-return]
 
-    def _renew(self, key: JobKey, owner: str, ttl: float, nonce: str, form: str) -> Renewed:
+    def _renew(self, key: JobKey, owner: str, ttl: float, nonce: str, form: str, *,
+               deadline: int) -> Renewed:
         """Extend the caller's row (one UPDATE, the usual case); if it is not held by the
         caller, take it if free (one upsert); else name the holder (the upsert's row on
         MariaDB and MySQL, one SELECT on PostgreSQL and SQLite). Each statement is atomic; a
-        row that changed hands in between is decided again."""
+        row that changed hands in between is decided again. S7: the take-back carries the
+        caller's deadline (a late one takes nothing: the run may have ended and released)."""
         connection = connections[self.using]
         names = self._names()
         now, now_params = server_now(connection)
@@ -279,7 +289,7 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         text = sql.template(form)
         take = sql.TAKE_FREE[text].format(
             columns=sql.LOCK_COLUMNS.format(**names),
-            values=sql.LOCK_VALUES.format(now=now, until=until),
+            values=sql.in_time(sql.LOCK_VALUES.format(now=now, until=until), now, form),
             free=sql.FREE[text].format(t=names["t"]), **names,
         )
         held = "SELECT owner FROM {t} WHERE {k} = %s AND expires_at > {now}".format(
@@ -292,9 +302,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                     return Renewed(held=True)
                 rows = sql.decide(connection, form, take, [
                     key.key, key.task_name, key.ident, owner, RUNNING, *now_params,
-                    *until_params, nonce,
+                    *until_params, nonce, *now_params, self._deadline_param(deadline),
                 ], names=names, key=key.key, result=sql.LOCK_RESULT)
-                if rows and tuple(rows[0]) == (owner, nonce):
+                if rows and tuple(rows[0][:2]) == (owner, nonce):
                     return Renewed(held=True, retaken=True)
                 if rows:  # ON DUPLICATE KEY: the row it left alone, held
                     holder = rows[0][0]
@@ -304,97 +314,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                     holder = None if row is None else row[0]
                 if holder is not None and holder != owner:
                     return Renewed(held=False, holder=str(holder))
+                if self._server_past(deadline):  # free, not taken back: late (S7)
+                    raise self._refused(deadline)
         raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
-
-    # -- reading ------------------------------------------------------------------------
-
-    def _info(self, row: JobLock) -> LockInfo:
-        return LockInfo(
-            key=row.key,
-            task_name=row.task_name,
-            ident=row.ident,
-            owner=row.owner,
-            state=row.state,
-            acquired_at=row.acquired_at.timestamp(),
-            expires_at=row.expires_at.timestamp(),
-            store=self.alias,
-        )
-
-    def get(self, key: JobKey) -> LockInfo | None:
-        def read() -> LockInfo | None:
-            row = JobLock.objects.using(self.using).held().filter(key=key.key).first()
-            return None if row is None else self._info(row)
-
-        return self._guard(read)  # type: ignore[no-any-return]
-
-    def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
-        """Every held lock, by primary key, one query per batch (keyset pagination, so
-        callers may release as they go)."""
-        return self._iter_rows(expired=False, batch_size=batch_size)
-
-    def iter_expired(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
-        """Rows whose lock expired: free for the next acquire, left behind until then."""
-        return self._iter_rows(expired=True, batch_size=batch_size)
-
-    def _iter_rows(self, *, expired: bool, batch_size: int) -> Iterator[LockInfo]:
-        last = 0
-        while True:
-            def batch(after: int) -> list[JobLock]:
-                rows = JobLock.objects.using(self.using)
-                rows = rows.expired() if expired else rows.held()
-                return list(rows.filter(pk__gt=after).order_by("pk")[:batch_size])
-
-            found: list[JobLock] = self._guard(batch, last)
-            if not found:
-                return
-            last = found[-1].pk
-            yield from (self._info(row) for row in found)
-
-    def lock_page(
-        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
-    ) -> Page[LockInfo]:
-        """A count and a slice of the held rows (two indexed queries)."""
-        rows = JobLock.objects.using(self.using).held()
-        return self._page(rows.order_by("expires_at", "pk"), self._info, offset=offset,
-                          limit=limit, task_name=task_name, search=search)
-
-    def debounce_page(
-        self, *, offset: int, limit: int, task_name: str = "", search: str = "", now: float
-    ) -> Page[DebounceState]:
-        rows = PendingDebounce.objects.using(self.using).pending()
-        return self._page(rows.order_by("runs_at", "pk"), self._state, offset=offset,
-                          limit=limit, task_name=task_name, search=search)
-
-    def _page(self, rows: Any, parse: Any, *, offset: int, limit: int, task_name: str,
-              search: str) -> Page[Any]:
-        """Without a search: a count and a slice (two indexed queries). With one: the job
-        names and ids streamed in page order, matched in Python as every store matches
-        (:mod:`dedup_jobs.stores.search`; SQL ``LIKE`` folds case by the database's rules),
-        stopping once the page is full, then the page's rows by primary key."""
-        wanted = Search.of(search)
-
-        def read() -> Page[Any]:
-            narrowed = rows.filter(task_name=task_name) if task_name else rows
-            if wanted is None:
-                total = narrowed.count()
-                items = [parse(row) for row in narrowed[offset:offset + limit]]
-                return Page(items=items, total=total, has_more=offset + limit < total)
-            found: list[int] = []
-            complete = True
-            names = narrowed.values_list("pk", "task_name", "ident")
-            with closing(names.iterator(chunk_size=SEARCH_CHUNK)) as stream:
-                for pk, name, ident in stream:
-                    if wanted.matches(name, ident):
-                        found.append(pk)
-                        if len(found) > offset + limit:
-                            complete = False
-                            break
-            chosen = found[offset:offset + limit]
-            items = [parse(row) for row in narrowed.filter(pk__in=chosen)] if chosen else []
-            return Page(items=items, total=len(found) if complete else None,
-                        has_more=len(found) > offset + limit)
-
-        return self._guard(read)  # type: ignore[no-any-return]
 
     def release_queued(self, key: JobKey, owner: str) -> bool:
         """One raw compare-and-delete (see :meth:`_delete_mine`), also refusing a running row."""

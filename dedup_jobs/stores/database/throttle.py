@@ -64,6 +64,9 @@ class DatabaseThrottleMixin:
 
     alias: str
     _guard: Any
+    _dispatch: Any
+    _refused: Any
+    _server_past: Any
     can_throttle = True
 
     @property
@@ -91,16 +94,20 @@ class DatabaseThrottleMixin:
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
         rate_period: float, lease: float,
     ) -> Admission:
-        return self._guard(  # type: ignore[no-any-return]
+        return self._dispatch(  # type: ignore[no-any-return]
             self._admit, key, owner, delivery, concurrency, rate_limit, rate_period, lease)
 
     def _admit(self, key: JobKey, owner: str, delivery: str, n: int, k: int, p: float,
-               lease: float) -> Admission:
+               lease: float, *, deadline: int) -> Admission:
+        """S7: past the caller's ``deadline`` (the server's clock, read as the key's row is
+        locked) the admission changes nothing: the worker gave up (W4 ran, W7 deferred)."""
         cap, grace, margin = lease / 3, THROTTLE_GRACE, margin_ms(k, p) / 1000
         ttl = max(lease, p) + cap + 2 * grace
         entries = ThrottleEntry.objects.using(self.using)
         with transaction.atomic(using=self.using):
             pk, now = self._lock_key(key, limit_text(n, k, p), p if k else 0.0, ttl)
+            if now * 1000 > deadline:
+                raise self._refused(deadline)  # rolled back: the key's row as it was
             mine = entries.filter(throttle_id=pk)
             mine.filter(expires_at__lte=_dt(now)).delete()
             if n and mine.filter(kind=DONE, member=f"n:{delivery}").exists():
@@ -238,9 +245,13 @@ class DatabaseThrottleMixin:
             return True
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
-        return self._guard(self._renew_slot, key, owner, ttl, limit)  # type: ignore[no-any-return]
+        return self._dispatch(  # type: ignore[no-any-return]
+            self._renew_slot, key, owner, ttl, limit)
 
-    def _renew_slot(self, key: JobKey, owner: str, ttl: float, limit: int) -> Renewed:
+    def _renew_slot(self, key: JobKey, owner: str, ttl: float, limit: int, *,
+                    deadline: int) -> Renewed:
+        """Extend the slot; lapsed, take it back if free, not past the caller's ``deadline``
+        (S7: a late renewal takes nothing, the run may have ended and released)."""
         slots = ThrottleEntry.objects.using(self.using).filter(throttle__key=key.key, kind=SLOT)
         if slots.filter(member=owner, expires_at__gt=ServerNow()).update(
                 expires_at=ServerNow(ttl)):
@@ -260,6 +271,8 @@ class DatabaseThrottleMixin:
             slots.filter(expires_at__lte=ServerNow()).delete()
             if slots.count() >= limit:
                 return Renewed(held=False, holder="(every slot taken)")
+            if self._server_past(deadline):
+                raise self._refused(deadline)
             pk = row.values_list("pk", flat=True).get()
             ThrottleEntry.objects.using(self.using).create(
                 throttle_id=pk, kind=SLOT, member=owner, at=ServerNow(),
