@@ -99,6 +99,8 @@ class DatabaseFlowMixin:
 
     alias: str
     _guard: Any
+    _dialect: Any
+    _names: Any
     _take: Any
     _dispatch: Any
     _refused: Any
@@ -112,8 +114,7 @@ class DatabaseFlowMixin:
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
-        vendor = connections[self.using].vendor
-        if sql.dialect(connections[self.using]) == "on_conflict" and vendor in PUSHED:
+        if self._dialect() == "on_conflict" and connections[self.using].vendor in PUSHED:
             return self._dispatch(  # type: ignore[no-any-return]
                 self._take_over_upsert, key, owner, ttl, kept_request(request))
         return self._dispatch(  # type: ignore[no-any-return]
@@ -123,7 +124,7 @@ class DatabaseFlowMixin:
                           deadline: int) -> Acquired:
         """R1 in one statement (TAKE_OVER), past the caller's deadline nothing (S7)."""
         connection = connections[self.using]
-        names = sql.names(connection, JobLock._meta.db_table)
+        names = self._names()
         t = names["t"]
         free = sql.FREE["on_conflict"].format(t=t)
         replace = REPLACE.format(t=t, free=free)
