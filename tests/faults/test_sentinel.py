@@ -66,8 +66,10 @@ def test_sentinel_failover_fails_fast_then_works_again(
             worker.start()
             time.sleep(1.0)  # a healthy stream first
             old_primary = setup.primary()
-            killed_at = time.monotonic()
             setup.kill_primary()
+            # taken once the primary is reaped: a decision sent between the two calls could
+            # still be answered by the old primary and count as "worked again"
+            killed_at = time.monotonic()
             recovered_at = None
             while time.monotonic() - killed_at < AFTER_KILL:
                 answered = [at for at, ok, _took in list(calls) if ok and at > killed_at]
