@@ -323,7 +323,7 @@ def check_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     """T1-T3 options each registered job really has (task_annotations or code can change
     them after the class was validated): E012 a bad concurrency, E013 a rate that does not
     parse, E014 a throttled job on a store that cannot throttle."""
-    from dedup_jobs.jobs.throttle import concurrency_problem, rate_problem
+    from dedup_jobs.engine.throttle import concurrency_problem, rate_problem
     from dedup_jobs.stores import get_store
 
     messages: list[checks.CheckMessage] = []

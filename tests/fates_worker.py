@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis.stateful import precondition, rule
 
 from dedup_jobs import clock
+from dedup_jobs.engine import takeover
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.jobs import takeover
 from dedup_jobs.stores.base import ADOPTED, CLAIMED, WAIT, running_key
 from tests.fates_model import (
     DEBOUNCE_FOR,
@@ -158,7 +158,7 @@ class WorkerRules:
         self.bodies.append(Body(tid, kind, nonce, holds=kind != "P", ids=[tid]))
 
     def taken_over(self, tid: str, kind: str) -> bool:
-        """jobs/takeover.py ``decide``: the lock of ``tid`` was taken over; REVOKED by the
+        """engine/takeover.py ``decide``: the lock of ``tid`` was taken over; REVOKED by the
         dispatch that took it (R1): never runs; else re-published (WAIT) until the grace is
         spent, then skipped as held by the new owner (False: the skip follows)."""
         if self.results.get(tid) == "REVOKED":

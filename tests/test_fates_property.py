@@ -12,13 +12,13 @@ one with ``on_duplicate="replace"`` (take_over), P a UniqueUntilProcessingJob, X
 DebouncedJob (debounce, claim_due).
 
 The front-end is modelled as the code does it: a dispatch that raised StoreUnavailable hands
-its undo to jobs/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
+its undo to engine/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
 and ``bursts.undo``, whose hand-over publishes the latest absorbed dispatch as the burst's
 claimed message, its run answering the others); a message whose lock was taken over by a
-dispatch not confirmed yet waits (jobs/takeover.py) until REVOKED or given its lock back. At
+dispatch not confirmed yet waits (engine/takeover.py) until REVOKED or given its lock back. At
 the worker, a unique kind whose check failed runs (W4) and its lease thread re-sends the same
 call (same owner and nonce) until the store answers, then renews or releases what it was
-granted; a limit admission that failed defers (W7, jobs/store_errors.py): the
+granted; a limit admission that failed defers (W7, engine/store_errors.py): the
 without_overlapping copy re-sends the same check (its nonce in the header), the throttle copy
 asks again; a release whose reply was lost is re-sent.
 ``store_answers_again`` is the store coming back: every undo and re-send runs.

@@ -13,7 +13,7 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs import clock
-from dedup_jobs.jobs.lease import LeaseKeeper
+from dedup_jobs.engine.lease import LeaseKeeper
 from dedup_jobs.stores import get_store
 from tests import jobs
 from tests.workers import wait_for

@@ -7,7 +7,7 @@ hundreds of examples. Keys 0 and 1 are ``UniqueJob`` keys, key 2 ``UniqueUntilPr
 Rules: ``dispatch`` (ACQUIRE: published, or deduplicated onto the holder, U1/U2);
 ``dispatch_lost_reply`` (the acquire ran, or ran past its deadline, and the caller saw
 StoreUnavailable: nothing published, the real ``undo_lock`` registered) and
-``store_answers_again`` (the first pending undo runs, as jobs/rollback.py would: S7/U6);
+``store_answers_again`` (the first pending undo runs, as engine/rollback.py would: S7/U6);
 ``start`` (jobs/admission.py: a redelivered copy of a finished run is dropped; START runs it,
 W1, skips it, REVOKED, or puts it off, W5); ``redeliver`` (a running message delivered again
 must not run beside it, W5); ``finish`` (RELEASE, SUCCESS, U4); ``retry`` (reentrant ACQUIRE,

@@ -9,8 +9,8 @@ import pytest
 
 from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob, UniqueUntilProcessingJob
 from dedup_jobs.checks import check_throttle
+from dedup_jobs.engine.throttle import Rate, parse_rate
 from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId
-from dedup_jobs.jobs.throttle import Rate, parse_rate
 from tests import jobs_throttle
 
 

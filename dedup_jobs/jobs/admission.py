@@ -25,11 +25,16 @@
 - **deferred for the store** (W7): a limit's admission, or a replace job's lock check (R1),
   cannot reach the store: published again (same task id, ``job_deferred`` reason
   ``"store_error"``); no limit exceeded, no replaced holder running beside its replacement.
+
+This module is the Celery front-end of those decisions: it reads the request once into a
+:class:`~dedup_jobs.engine.message.Message`, asks the engine (``engine/start.py``,
+``engine/throttle_admission.py``, ``engine/takeover.py``, ``engine/store_errors.py``) and acts
+on the answer: ``Ignore``, a result marked ``REVOKED``, the message published again
+(:meth:`DedupJob.publish_again`, the one re-publish of every kind).
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -38,14 +43,15 @@ from celery.exceptions import Ignore
 from celery.states import REVOKED
 
 from dedup_jobs import clock, metrics
-from dedup_jobs.conf import app_settings
+from dedup_jobs.engine import takeover, throttle_admission
+from dedup_jobs.engine.message import Message
+from dedup_jobs.engine.start import DEFERRED, NONCE, Check, check_for, overlap_wait, put_off_wait
+from dedup_jobs.engine.store_errors import defer_for_store
+from dedup_jobs.engine.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.jobs import takeover
 from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
 from dedup_jobs.jobs.request import REDELIVERED, finished, is_redelivered
-from dedup_jobs.jobs.store_errors import defer_for_store, holds_after
-from dedup_jobs.jobs.throttle import Slot, parse_rate, release_slot
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     job_deferred,
@@ -54,20 +60,17 @@ from dedup_jobs.signals import (
     notify,
     unique_job_skipped,
 )
-from dedup_jobs.stores.base import Admission, BaseStore, Started, new_request_id, running_key
+from dedup_jobs.stores.answers import StartAnswer
+from dedup_jobs.stores.base import BaseStore
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob
 
+__all__ = ["DEFERRED", "NONCE", "OBSERVED", "Admitted", "PutOff", "admit", "admit_throttle"]
+
 #: dedup header of a duplicate published in observe-only mode (R3): the holder it would have
 #: been deduplicated onto; the dispatch reported it, the worker runs it without a check
 OBSERVED = "observed"
-#: dedup header: how many times the message was deferred for an overlapping run (R2)
-DEFERRED = "deferred"
-#: dedup header of a copy deferred because its exclusive check could not reach the store
-#: (W7): that check's delivery nonce, so the copy re-sends the very same call (S7) and finds
-#: the running marker the lost call may have taken as its own
-NONCE = "nonce"
 
 
 class PutOff(Ignore):
@@ -92,6 +95,15 @@ class Admitted:
     resent: bool = False
 
 
+def message_of(job: Any, header: dict[str, Any] | None) -> Message:
+    """The delivery ``job`` is executing, read once from its request."""
+    request = job.request
+    observing = getattr(job, "observing", None)
+    return Message(name=job.name, sender=type(job), owner=str(request.id), header=header,
+                   observing=bool(observing()) if observing is not None else False,
+                   redelivered=is_redelivered(request, header))
+
+
 def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
     """Decide the message being executed by ``job``; raises ``Ignore`` when it must end
     without running (skipped, put off, dropped). A message let through to its body is
@@ -103,9 +115,9 @@ def admit(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
 
 
 def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
-    request = job.request
-    owner = str(request.id)
     header = job.header()
+    message = message_of(job, header)
+    owner = message.owner
     try:
         if header is not None:
             key, alias = job.key_from_header(header), str(header["via"])
@@ -115,24 +127,22 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         logger.warning("%s[%s]: no dedup key could be computed; running unchecked.",
                        job.name, owner, exc_info=True)
         return Admitted(run=True, owner=owner)
-    observing = job.observing()
-    if observing and header is not None and header.get(OBSERVED):
+    if message.observing and message.carried(OBSERVED):
         return Admitted(run=True, owner=owner)  # R3: reported at dispatch, runs as it is
-    if job.on_duplicate == "replace" and not observing and replaced(job, owner):
+    if job.on_duplicate == "replace" and not message.observing and replaced(job, owner):
         logger.info("%s[%s]: replaced by a later dispatch (its result is REVOKED); not run.",
                     job.name, owner)
         revoke_rest_of_chain(job, f"task {owner} was replaced by a later dispatch")
         raise Ignore()
     store = job.store(alias)
-    redelivered = is_redelivered(request, header)
-    if redelivered and finished(job, owner):
+    if message.redelivered and finished(job, owner):
         # W5: the first delivery ran to its end; this copy is dropped, its result kept.
         logger.info("%s[%s]: redelivered copy of a finished run dropped.", job.name, owner)
         raise Ignore()
     slot = admit_throttle(job, args, kwargs, lambda countdown: republish(
-        job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered}))
+        job, args, kwargs, message, key, alias, countdown), message)
     try:
-        admitted = check_lock(job, args, kwargs, key, alias, store, header, redelivered)
+        admitted = check_lock(job, args, kwargs, message, key, alias, store)
     except PutOff:  # W5: a slot held already is the live first run's: it releases it
         if slot is None or not slot.held:
             release_slot(job.name, slot)
@@ -147,137 +157,95 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
 
 
 def check_lock(
-    job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, store: BaseStore,
-    header: dict[str, Any] | None, redelivered: bool,
+    job: UniqueJob, args: Any, kwargs: Any, message: Message, key: JobKey, alias: str,
+    store: BaseStore,
 ) -> Admitted:
-    """W1/W3/W5/R2: the lock check of a message, one store call."""
-    request = job.request
-    owner = str(request.id)
-    observing = job.observing()
-    delivery = str((header or {}).get(NONCE) or new_request_id())
-    exclusive = job.without_overlapping and job.release_on_start
-    lease = app_settings.LEASE_SECONDS
-
-    def check(through: BaseStore) -> Started:
-        if exclusive:
-            return through.start_exclusive(key, running_key(key), owner, lease,
-                                           now=clock.now(), delivery=delivery)
-        return through.start(key, owner, lease, now=clock.now(), release=job.release_on_start,
-                             delivery=delivery, redelivered=redelivered)
-
+    """W1/W3/W5/R2: the lock check of a message, one store call (``engine/start.py``)."""
+    owner = message.owner
+    check = check_for(message, key, without_overlapping=job.without_overlapping,
+                      release_on_start=job.release_on_start)
     try:
         started = check(store)
     except StoreUnavailable:
-        if exclusive or job.on_duplicate == "replace":
-            # W7: R2 is a limit; R1 may replace a holder the store thinks queued (#fates)
-            defer_for_store(job, key, alias, "worker check", lambda countdown: republish(
-                job, args, kwargs, key, alias, countdown,
-                {REDELIVERED: redelivered, NONCE: delivery}))
+        # W7: R2 is a limit; R1 may replace a holder the store thinks queued (#fates)
+        waits = (check.exclusive or job.on_duplicate == "replace") and defer_for_store(
+            message, key, alias, "worker check", lambda countdown: republish(
+                job, args, kwargs, message, key, alias, countdown, {NONCE: check.delivery}))
+        if waits:
+            raise Ignore() from None
         logger.warning("%s[%s]: store %r unavailable at the worker check; running (what the "
                        "check did is settled when the store answers).", job.name, owner,
                        alias, exc_info=True)
-        return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
-                        delivery=delivery,
-                        marker=running_key(key) if exclusive else None,
-                        resend=lambda through: holds_after(check(through), job.release_on_start
-                                                      and not exclusive))
-    if started.done:
+        return _admitted(message, store, key, alias, check, resend=check.holds_after)
+    answer = started.answer
+    if answer is StartAnswer.DONE:
         # W5: the first delivery's run has just released the lock; its result is being stored.
         logger.info("%s[%s]: redelivered copy of a run that just ended dropped.", job.name, owner)
         raise Ignore()
-    if started.live:
-        put_off(job, args, kwargs, key, alias, redelivered)
-    if started.overlap:
-        return defer(job, args, kwargs, key, alias, store, started, header, redelivered)
-    if started.taken_over is not None and not observing:
+    if answer is StartAnswer.LIVE:
+        put_off(job, args, kwargs, message, key, alias)
+    if answer is StartAnswer.OVERLAP:
+        return defer(job, args, kwargs, message, key, alias, store, str(started.holder))
+    if answer is StartAnswer.TAKEN_OVER and not message.observing:
         # R1/S7: taken over by a dispatch that may have failed: skip only once confirmed
-        waited = float((header or {}).get(takeover.WAITED) or 0)
-        action, countdown = takeover.decide(job, owner, started.taken_over, waited)
+        action, countdown = takeover.decide(message, started.taken_over or 0.0,
+                                            lambda: replaced(job, owner))
         if action == takeover.REPLACED:
             revoke_rest_of_chain(job, f"task {owner} was replaced by a later dispatch")
             raise Ignore()
         if action == takeover.WAIT:
             metrics.decision(job.name, "deferred", key.key)
-            republish(job, args, kwargs, key, alias, countdown,
-                      {REDELIVERED: redelivered, takeover.WAITED: waited + countdown})
+            republish(job, args, kwargs, message, key, alias, countdown,
+                      {takeover.WAITED: takeover.waited(message) + countdown})
             raise Ignore()
-    if not started.run:
-        if observing:
-            return observe_skip(job, key, str(started.holder))
-        return Admitted(run=skip(job, key, str(started.holder)), owner=owner)
+    if answer is not StartAnswer.RUN:
+        if message.observing:
+            return observe_skip(message, key, str(started.holder))
+        return Admitted(run=skip(job, message, key, str(started.holder)), owner=owner)
     if started.took:
-        notify(lock_acquired, type(job), key=key.key, owner=owner, store=alias)
+        notify(lock_acquired, message.sender, key=key.key, owner=owner, store=alias)
     if started.released:
-        notify(lock_released, type(job), key=key.key, owner=owner, store=alias,
+        notify(lock_released, message.sender, key=key.key, owner=owner, store=alias,
                reason="processing")
-    return Admitted(run=True, owner=owner, store=store, key=key, alias=alias,
-                    delivery=delivery, marker=running_key(key) if exclusive else None,
-                    resent=bool((header or {}).get(NONCE)))
+    return _admitted(message, store, key, alias, check, resent=bool(message.carried(NONCE)))
+
+
+def _admitted(message: Message, store: BaseStore, key: JobKey, alias: str, check: Check,
+              **more: Any) -> Admitted:
+    return Admitted(run=True, owner=message.owner, store=store, key=key, alias=alias,
+                    delivery=check.delivery, marker=check.marker, **more)
 
 
 def admit_throttle(
-    job: Any, args: Any, kwargs: Any, again: Callable[[float], None]
+    job: Any, args: Any, kwargs: Any, again: Callable[[float], None],
+    message: Message | None = None,
 ) -> Slot | None:
     """T2/T3, the throttle stage of every kind (ThrottledJob, and the unique and debounced
-    kinds with throttle options), in one store call (``store.throttle_admit``). Admitted:
-    the run goes on, holding the returned slot (``concurrency``) or nothing (a rate alone
-    touches the store only here). Deferred: ``job_deferred`` is sent and ``again(countdown)``
-    publishes the message once more (same task id: its ``AsyncResult`` resolves when it
-    runs) for when the store's answer says a slot or a start is due; then Ignore is raised,
-    the worker process is free meanwhile. Unthrottled (W4, when in doubt, run): no key, a
-    store that cannot throttle, or a store that cannot answer."""
+    kinds with throttle options): ``engine/throttle_admission.py`` decides, in one store call;
+    a message that must wait is published again by ``again(countdown)`` (same task id: its
+    ``AsyncResult`` resolves when it runs) and ends here with Ignore. Unthrottled (W4, when
+    in doubt, run): no key, or a store that cannot throttle."""
     if not job.throttled():
         return None
-    request = job.request
-    owner = str(request.id)
+    message = message or message_of(job, None)
     try:
         key, alias = job.throttle_key(args, kwargs), job.throttle_alias()
         store = job.store(alias)
         rate = parse_rate(job.throttle)
     except Exception:
         logger.warning("%s[%s]: no throttle key could be computed; running unthrottled.",
-                       job.name, owner, exc_info=True)
+                       job.name, message.owner, exc_info=True)
         return None
     if not store.can_throttle:
         logger.warning("%s[%s]: store %r cannot throttle (see docs/throttling.md); running "
-                       "unthrottled.", job.name, owner, alias)
+                       "unthrottled.", job.name, message.owner, alias)
         return None
-    concurrency = int(job.concurrency or 0)
-    delivery = new_request_id()
-
-    def ask(through: BaseStore) -> Admission:
-        return through.throttle_admit(
-            key, owner, delivery=delivery, concurrency=concurrency,
-            rate_limit=rate.limit if rate else 0, rate_period=rate.period if rate else 1.0,
-            lease=app_settings.LEASE_SECONDS)
-
-    try:
-        answer = ask(store)
-    except StoreUnavailable:
-        # W7, no re-send: the copy (same task id) takes over the slot the lost call may have
-        # taken (that grant superseded: its re-send answers RELEASED), or the slot lapses
-        defer_for_store(job, key, alias, "throttle check", again)
-        # Run after all: a slot the lost call may have taken is settled by the lease (W4).
-        return Slot(store=store, key=key, owner=owner, limit=concurrency,
-                    resend=lambda through: ask(through).admitted) if concurrency else None
-    if answer.admitted:
-        return Slot(store=store, key=key, owner=owner, limit=concurrency,
-                    held=answer.held) if concurrency else None
-    # The store's answer holds the jitter (T2: up to a quarter of a wait for a slot, at most
-    # 1 s, part of the waiter's turn; T3: none, the reserved start times are spread already)
-    wait = max(0.0, answer.until - clock.now())
-    observing = bool(getattr(job, "observing", lambda: False)())
-    metrics.decision(job.name, "deferred", key.key)
-    notify(job_deferred, type(job), task_id=owner, key=key.key, reason=answer.reason,
-           until=clock.now() + wait, observed=observing)
-    if observing:
-        logger.info("%s[%s]: observe-only: would have waited %.2fs (%s of %s); runs now.",
-                    job.name, owner, wait, answer.reason, key.key)
-        return None
-    logger.info("%s[%s]: %s limit of %s reached; this message waits %.2fs.", job.name, owner,
-                answer.reason, key.key, wait)
-    again(wait)
-    raise Ignore()
+    throttled = throttle_admission.admit(message, key, alias, store,
+                                         concurrency=int(job.concurrency or 0), rate=rate,
+                                         again=again)
+    if throttled.waits:
+        raise Ignore()
+    return throttled.slot
 
 
 def replaced(job: UniqueJob, task_id: str) -> bool:
@@ -295,65 +263,56 @@ def replaced(job: UniqueJob, task_id: str) -> bool:
         return False
 
 
-def observe_skip(job: UniqueJob, key: JobKey, holder: str) -> Admitted:
+def observe_skip(message: Message, key: JobKey, holder: str) -> Admitted:
     """R3: the message would have been skipped (W3): reported, then run unchecked (the lock
     is another owner's: nothing of it is touched)."""
-    request = job.request
-    metrics.decision(job.name, "skipped", key.key)
-    notify(unique_job_skipped, type(job), task_id=request.id, holder_id=holder, key=key.key,
-           stage="worker", observed=True)
+    metrics.decision(message.name, "skipped", key.key)
+    notify(unique_job_skipped, message.sender, task_id=message.owner, holder_id=holder,
+           key=key.key, stage="worker", observed=True)
     logger.info("%s[%s]: observe-only: would have been skipped (%s is held by %s); runs.",
-                job.name, request.id, key.key, holder)
-    return Admitted(run=True, owner=str(request.id))
+                message.name, message.owner, key.key, holder)
+    return Admitted(run=True, owner=message.owner)
 
 
 def defer(
-    job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, store: BaseStore,
-    started: Started, header: dict[str, Any] | None, redelivered: bool,
+    job: UniqueJob, args: Any, kwargs: Any, message: Message, key: JobKey, alias: str,
+    store: BaseStore, holder: str,
 ) -> Admitted:
     """R2: another run of the key is in progress. The message waits: published again (same
     task id, its lock kept, so later dispatches are deduplicated onto it), checked again after
     a countdown that doubles from 0.5 s up to a third of the lease (plus jitter). The worker
     process is not blocked. In observe-only mode (R3) it is reported and runs now."""
-    request = job.request
-    deferred = int((header or {}).get(DEFERRED) or 0)
-    countdown = min(app_settings.LEASE_SECONDS / 3, 0.5 * 2 ** deferred)
-    countdown += random.uniform(0, 0.25)
-    until = clock.now() + countdown
-    observing = job.observing()
+    owner = message.owner
+    countdown = overlap_wait(message)
     metrics.decision(job.name, "deferred", key.key)
-    notify(job_deferred, type(job), task_id=request.id, key=key.key, reason="overlap",
-           until=until, observed=observing)
-    if observing:
+    notify(job_deferred, message.sender, task_id=owner, key=key.key, reason="overlap",
+           until=clock.now() + countdown, observed=message.observing)
+    if message.observing:
         logger.info("%s[%s]: observe-only: would have waited %.1fs for the run of %s by %s; "
-                    "runs now.", job.name, request.id, countdown, key.key, started.holder)
+                    "runs now.", job.name, owner, countdown, key.key, holder)
         try:
-            store.release(key, str(request.id))  # it runs now: its until-processing lock goes
+            store.release(key, owner)  # it runs now: its until-processing lock goes
         except StoreUnavailable:
-            logger.warning("%s[%s]: could not release %s.", job.name, request.id, key.key,
+            logger.warning("%s[%s]: could not release %s.", job.name, owner, key.key,
                            exc_info=True)
-        return Admitted(run=True, owner=str(request.id))
+        return Admitted(run=True, owner=owner)
     logger.info("%s[%s]: %s is running under %s; this message waits %.1fs.", job.name,
-                request.id, key.key, started.holder, countdown)
-    republish(job, args, kwargs, key, alias, countdown,
-              {REDELIVERED: redelivered, DEFERRED: deferred + 1})
+                owner, key.key, holder, countdown)
+    republish(job, args, kwargs, message, key, alias, countdown,
+              {DEFERRED: int(message.carried(DEFERRED) or 0) + 1})
     raise Ignore()
 
 
-def republish(job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str,
-              countdown: float, extra: dict[str, Any]) -> None:
-    """Publish the message being executed again, same task id, after ``countdown``."""
-    request = job.request
-    signature = job.signature_from_request(request, args, kwargs, countdown=countdown)
-    options = dict(signature.options)
-    for name in ("task_id", "eta", "headers"):
-        options.pop(name, None)
-    job._publish(args, kwargs, str(request.id), key, alias, {**options, "countdown": countdown},
-                 extra=extra)
+def republish(job: UniqueJob, args: Any, kwargs: Any, message: Message, key: JobKey,
+              alias: str, countdown: float, extra: dict[str, Any] | None = None) -> None:
+    """Publish the message being executed again, same task id, after ``countdown``, with a
+    fresh dedup header: its key, the redelivery mark it carries on (W5) and ``extra``."""
+    header = {**key.as_header(alias), REDELIVERED: message.redelivered, **(extra or {})}
+    job.publish_again(args, kwargs, countdown, lambda options: job.with_header(options, header))
 
 
 def put_off(
-    job: UniqueJob, args: Any, kwargs: Any, key: JobKey, alias: str, redelivered: bool
+    job: UniqueJob, args: Any, kwargs: Any, message: Message, key: JobKey, alias: str
 ) -> None:
     """W5: another delivery of this very message is running (its lease keeps the lock
     alive). This copy never runs beside it: it is published again (same task id) to be
@@ -361,23 +320,22 @@ def put_off(
     After the first run ends, the copy is dropped (a broker redelivery) or runs (a fresh
     publish of the same id); if the first run's worker died, its lock expires and the copy
     runs."""
-    request = job.request
-    countdown = app_settings.LEASE_SECONDS / 3
+    countdown = put_off_wait()
     metrics.decision(job.name, "deferred", key.key)
     logger.warning("%s[%s]: another delivery of this message is running; this copy waits "
-                   "%.1fs.", job.name, request.id, countdown)
-    republish(job, args, kwargs, key, alias, countdown, {REDELIVERED: redelivered})
+                   "%.1fs.", job.name, message.owner, countdown)
+    republish(job, args, kwargs, message, key, alias, countdown)
     raise PutOff()
 
 
-def skip(job: UniqueJob, key: JobKey, holder: str) -> bool:
+def skip(job: UniqueJob, message: Message, key: JobKey, holder: str) -> bool:
     """W3: another owner holds the lock; this message's body does not run. Returns False
     inside a group or chord (the job returns None, so the chord body still runs); raises
     Ignore otherwise, with the result REVOKED and later chain links too."""
     request = job.request
     metrics.decision(job.name, "skipped", key.key)
-    notify(unique_job_skipped, type(job), task_id=request.id, holder_id=holder, key=key.key,
-           stage="worker")
+    notify(unique_job_skipped, message.sender, task_id=request.id, holder_id=holder,
+           key=key.key, stage="worker")
     logger.info("%s[%s] skipped: %s is held by %s", job.name, request.id, key.key, holder)
     if request.group or request.chord:
         return False

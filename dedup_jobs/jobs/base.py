@@ -6,15 +6,15 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery.contrib.django.task import DjangoTask
 
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
+from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
-from dedup_jobs.jobs.throttle import ThrottleOptions
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -49,7 +49,7 @@ def new_task_id() -> str:
 
 class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
     """Base of the job kinds. Not used directly. Every kind takes the throttle options
-    (``jobs/throttle.py``, T1)."""
+    (``engine/throttle.py``, T1)."""
 
     #: "unique" or "debounce": set by each kind; a class that is both is refused (U0)
     dedup_kind: ClassVar[str] = ""
@@ -192,6 +192,24 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         headers = dict(options.get("headers") or {})
         headers[HEADER] = header
         return {**options, "headers": headers}
+
+    def publish_again(self, args: Any, kwargs: Any, countdown: float,
+                      finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
+        """Publish the message being executed again, same task id, after ``countdown``: the
+        one re-publish of every kind (a message that waits for a slot, a start, an overlapping
+        run, its first delivery, a take-over's outcome or the store). Its options are the
+        request's, as Celery's own ``retry`` builds them (headers, routing, links kept; no
+        ``eta``); ``finish`` sets the dedup header the next delivery reads. A plain Celery
+        publish: no dedup decision is taken again."""
+        request = self.request
+        signature = self.signature_from_request(request, args, kwargs, countdown=countdown)
+        options = dict(signature.options)
+        task_id = str(options.pop("task_id", None) or request.id)
+        options.pop("eta", None)
+        options = {**options, "countdown": countdown}
+        if finish is not None:
+            options = finish(options)
+        DjangoTask.apply_async(self, args, kwargs, task_id, **options)
 
 
 def message_wait(options: dict[str, Any], now: float) -> float:

@@ -23,14 +23,14 @@ from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
+from dedup_jobs.engine.rollback import rollbacks
+from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs import bursts, chains
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome, remember_chain
 from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.request import finished, is_redelivered
-from dedup_jobs.jobs.rollback import rollbacks
-from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.base import (
@@ -179,7 +179,7 @@ class DebouncedJob(DedupJob):
     def _undo_later(self, store: BaseStore, key: JobKey, message_id: str, alias: str,
                     options: dict[str, Any]) -> None:
         """Hand the undo of a failed dispatch to the rollback thread (tried until the store
-        answers, see :mod:`dedup_jobs.jobs.rollback`)."""
+        answers, see :mod:`dedup_jobs.engine.rollback`)."""
         rollbacks.add(f"debounce burst {key.key} of never-published task {message_id}",
                       lambda: self._undo(store, key, message_id, alias, options),
                       store=store, lifetime=STATE_GRACE)
@@ -317,21 +317,13 @@ class DebouncedJob(DedupJob):
         """A later dispatch moved the burst: this message re-publishes itself (same id) for
         when the burst is due, and ends without a result."""
         metrics.decision(self.name, "deferred")
-        self._again(args, kwargs, max(0.0, until - clock.now()),
-                    lambda options: self.with_header(options, header))
+        self.publish_again(args, kwargs, max(0.0, until - clock.now()),
+                           lambda options: self.with_header(options, header))
         raise Ignore()
 
     def _wait_claimed(self, args: Any, kwargs: Any, countdown: float) -> None:
         """Publish the claimed burst again (same id) to run after ``countdown`` (T2/T3)."""
-        self._again(args, kwargs, countdown, self._retry_options)
-
-    def _again(self, args: Any, kwargs: Any, countdown: float, finish: Any) -> None:
-        signature = self.signature_from_request(self.request, args, kwargs, countdown=countdown)
-        options = dict(signature.options)
-        task_id = options.pop("task_id", None) or self.request.id
-        options.pop("eta", None)
-        options = finish({**options, "countdown": countdown})
-        super().apply_async(args, kwargs, task_id, **options)
+        self.publish_again(args, kwargs, countdown, self._retry_options)
 
     def _run_burst(
         self, args: Sequence[Any], kwargs: dict[str, Any], others: list[str], winner: str | None
@@ -349,7 +341,7 @@ class DebouncedJob(DedupJob):
         slot = admit_throttle(self, args, kwargs, lambda countdown: self._wait_claimed(
             args, kwargs, countdown))
         try:
-            with holding(slot, type(self), request):
+            with holding(slot, type(self), request, keep_on=(Retry,)):
                 result = self.run(*args, **kwargs)
         except (Retry, Ignore):
             raise  # a retry carries ``others`` in its header; Ignore means hands off

@@ -2,21 +2,23 @@
 defer a message instead of dropping it (SPEC section 10).
 
 Where a message is admitted or deferred: :meth:`ThrottledJob.__call__` →
-:func:`dedup_jobs.jobs.admission.admit_throttle` → ``store.throttle_admit`` (one store call).
-Where its slot is renewed and released: :func:`dedup_jobs.jobs.throttle.holding`.
+:func:`dedup_jobs.jobs.admission.admit_throttle` →
+:func:`dedup_jobs.engine.throttle_admission.admit` → ``store.throttle_admit`` (one store call).
+Where its slot is renewed and released: :func:`dedup_jobs.engine.throttle.holding`.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from celery.exceptions import Retry
 from celery.result import AsyncResult
 
 from dedup_jobs import metrics
+from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration
 from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob
-from dedup_jobs.jobs.throttle import holding
 
 
 class ThrottledJob(DedupJob):
@@ -58,7 +60,7 @@ class ThrottledJob(DedupJob):
         result = super().apply_async(args, kwargs, task_id, **options)
         if not retry:
             # A5: a dispatch published (a deferral's re-publish is counted "deferred" and
-            # goes through DedupJob.apply_async; a retry is not a dispatch)
+            # goes through DedupJob.publish_again; a retry is not a dispatch)
             metrics.decision(self.name, "dispatched")
         return result
 
@@ -66,18 +68,8 @@ class ThrottledJob(DedupJob):
         request = self.request
         if request.called_directly:
             return super().__call__(*args, **kwargs)
-        slot = admit_throttle(self, args, kwargs, lambda countdown: self._wait(
+        slot = admit_throttle(self, args, kwargs, lambda countdown: self.publish_again(
             args, kwargs, countdown))
         metrics.decision(self.name, "ran")
-        with holding(slot, type(self), request):
+        with holding(slot, type(self), request, keep_on=(Retry,)):
             return self.run(*args, **kwargs)
-
-    def _wait(self, args: Any, kwargs: Any, countdown: float) -> None:
-        """Publish the message being executed again, same task id, after ``countdown``."""
-        request = self.request
-        signature = self.signature_from_request(request, args, kwargs, countdown=countdown)
-        options = dict(signature.options)
-        for name in ("task_id", "eta"):
-            options.pop(name, None)
-        DedupJob.apply_async(self, args, kwargs, str(request.id),
-                             **{**options, "countdown": countdown})

@@ -5,7 +5,7 @@ Where the worker checks: :meth:`UniqueJob.__call__` → :func:`dedup_jobs.jobs.a
 → ``store.start`` (one store call): admitted, skipped, put off or dropped there.
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
-Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``jobs/rollback.py``).
+Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``engine/rollback.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
+from dedup_jobs.engine.lease import leases
+from dedup_jobs.engine.rollback import rollbacks
+from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import (
     DedupError,
     DuplicateJob,
@@ -25,10 +28,7 @@ from dedup_jobs.exceptions import (
 )
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
-from dedup_jobs.jobs.lease import leases
 from dedup_jobs.jobs.replace import replaced_by
-from dedup_jobs.jobs.rollback import rollbacks
-from dedup_jobs.jobs.throttle import holding
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
@@ -275,7 +275,8 @@ class UniqueJob(DedupJob):
         admitted = admit(self, args, kwargs)  # skipped, put off or dropped: raises Ignore
         if not admitted.run:
             return None  # skipped inside a group or chord (W3): done, with None
-        with holding(admitted.slot, type(self), request):  # T2: its concurrency slot
+        # T2: its concurrency slot
+        with holding(admitted.slot, type(self), request, keep_on=(Retry,)):
             return self._run_admitted(admitted, args, kwargs)
 
     def _run_admitted(self, admitted: Admitted, args: Any, kwargs: Any) -> Any:

@@ -3,7 +3,7 @@ that makes it, with no store round trip added.
 
 Where a decision is counted: :func:`decision`, called where the decision is made (dispatch:
 ``jobs/unique.py``, ``jobs/debounced.py``, ``jobs/replace.py``; worker: ``jobs/admission.py``,
-``jobs/debounced.py``; lease: ``jobs/lease.py``). Where a store call is timed (and a store
+``jobs/debounced.py``; lease: ``engine/lease.py``). Where a store call is timed (and a store
 error counted): in the Redis family, ``RedisConnection._eval`` (``stores/redis/connection.py``,
 where each script is sent); in the other stores, :func:`timed`, wrapped around every decision
 method by ``stores/base.py``.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Generic, TypeVar
 
 from kombu.utils.json import dumps, loads
@@ -55,9 +56,22 @@ class Acquired:
     replaced: str | None = None  # R1 (take_over): the queued owner the caller took over from
 
 
+class StartAnswer(Enum):
+    """The worker-side check's answer as one value (what :attr:`Started.answer` reads)."""
+
+    RUN = "run"  # W1: the lock is free or the caller's: the body runs
+    SKIP = "skip"  # W3: another owner holds the lock
+    LIVE = "live"  # W5: another delivery of this very message is running: put off
+    DONE = "done"  # W5: a redelivered copy whose own first run just ended: dropped
+    OVERLAP = "overlap"  # R2: another run of the key is in progress: deferred
+    TAKEN_OVER = "taken_over"  # R1/S7: another dispatch took the lock over (not confirmed)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Started:
-    """The answer of :meth:`BaseStore.start`, the worker-side check."""
+    """The answer of :meth:`BaseStore.start`, the worker-side check. The stores fill the
+    fields their scripts return; a decision reads :attr:`answer`, one value, and ``holder``,
+    ``took``, ``released`` and ``taken_over`` for what it reports."""
 
     run: bool
     holder: str | None  # the other owner when run is False
@@ -67,8 +81,21 @@ class Started:
     overlap: bool = False  # R2 (start_exclusive): another run of the key is in progress
     done: bool = False  # W5: a redelivered copy whose own first run just released the lock
     #: R1/S7: ``holder`` took the lock over from the caller this many seconds ago (None: it
-    #: did not, or the store cannot tell); its dispatch may yet fail (jobs/takeover.py)
+    #: did not, or the store cannot tell); its dispatch may yet fail (engine/takeover.py)
     taken_over: float | None = None
+
+    @property
+    def answer(self) -> StartAnswer:
+        """The answer as one value; the order settles a store that set two flags."""
+        if self.done:
+            return StartAnswer.DONE
+        if self.live:
+            return StartAnswer.LIVE
+        if self.overlap:
+            return StartAnswer.OVERLAP
+        if self.taken_over is not None:
+            return StartAnswer.TAKEN_OVER
+        return StartAnswer.RUN if self.run else StartAnswer.SKIP
 
 
 @dataclass(frozen=True, kw_only=True)

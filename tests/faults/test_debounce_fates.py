@@ -16,8 +16,8 @@ from celery import shared_task
 from celery.utils import uuid
 
 from dedup_jobs import DebouncedJob
+from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.stores import get_store
 from tests.faults.jobs import DEBOUNCE_FOR, _body, bodies, fault_debounced, fault_unique
 from tests.faults.proxy import Proxy

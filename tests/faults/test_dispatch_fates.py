@@ -1,6 +1,6 @@
 """S7 and S9 at dispatch (issue 21, cases 1, 5 and 9): a dispatch's store call whose reply is
 lost (the proxy closes the connection: the client re-sends) or late (held past the client's
-timeout: StoreUnavailable, then the undo of jobs/rollback.py), and a store restarted under
+timeout: StoreUnavailable, then the undo of engine/rollback.py), and a store restarted under
 kept connections. A private redis-server per test (tests/faults/servers.py), the proxy of
 tests/faults/proxy.py, real workers: in-process where one process is enough, a prefork
 subprocess where the case crosses processes. The store's client gives up after 0.5 s,
@@ -20,9 +20,9 @@ from django.conf import settings
 from django.db import transaction
 from django.test import override_settings
 
+from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs import unique
-from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.scripts import SHA

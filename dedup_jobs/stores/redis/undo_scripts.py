@@ -6,7 +6,7 @@ lock a take-over holds. Imported by ``scripts.py``, which computes every script'
 # than the caller ARGV[1]: if ``cur`` took it over from the caller (R1), directly or through a
 # chain of take-overs, answer {4, cur, ms since the take-over}. The dispatch that took it over
 # may have failed (its reply lost, S7): until it has marked the caller REVOKED or its UNDO has
-# given the lock back, the caller is not skipped but waits (jobs/takeover.py). Read only on the
+# given the lock back, the caller is not skipped but waits (engine/takeover.py). Read only on the
 # skip path.
 _taken_from_caller = """
 local r = redis.call('HMGET', KEYS[1], 'chain', 'acquired')
@@ -27,7 +27,7 @@ end
 # cheap; an undo past them deletes the lock, as one without a chain does), UNDO pops or
 # splices.
 
-# UNDO — S7: the undo of a dispatch that failed with StoreUnavailable (jobs/rollback.py):
+# UNDO — S7: the undo of a dispatch that failed with StoreUnavailable (engine/rollback.py):
 # only the lock that very request took (owner and request id), so an earlier dispatch of the
 # same explicit task id keeps its lock. A lock taken over from a queued holder is given back
 # to it (the holder still runs, R1), with its own request id and chain; a plain one is

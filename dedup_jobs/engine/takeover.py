@@ -3,7 +3,7 @@
 A take-over (``on_duplicate = "replace"``) passes the lock to the new dispatch in one store
 call; only when that call's reply reaches the dispatch does it mark the replaced message
 REVOKED and publish its own (jobs/replace.py). If the reply is lost, the dispatch raises
-StoreUnavailable, publishes nothing, and its undo (jobs/rollback.py, the store's UNDO) gives
+StoreUnavailable, publishes nothing, and its undo (engine/rollback.py, the store's UNDO) gives
 the lock back to the replaced message as soon as the store answers. A worker that takes the
 replaced message in between must therefore not skip it as "held by" an id that may never be
 published: it asks whether the take-over is confirmed, and otherwise waits.
@@ -26,15 +26,10 @@ the skip path, and the result is read only then.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from celery.states import REVOKED
+from collections.abc import Callable
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.jobs.base import logger
-
-if TYPE_CHECKING:
-    from dedup_jobs.jobs.unique import UniqueJob
+from dedup_jobs.engine.message import Message, logger
 
 #: what a message whose lock was taken over does (see :func:`decide`)
 REPLACED, WAIT, SKIP = "replaced", "wait", "skip"
@@ -48,30 +43,25 @@ def grace() -> float:
     return float(app_settings.STORE_TIMEOUT) + float(app_settings.LEASE_SECONDS)
 
 
-def decide(job: UniqueJob, owner: str, age: float, waited: float) -> tuple[str, float]:
-    """What the message ``owner`` does, whose lock was taken over ``age`` seconds ago and
-    which has waited ``waited`` seconds for it already: (REPLACED, 0) never runs; (WAIT,
-    countdown) is checked again after ``countdown`` seconds; (SKIP, 0) is skipped as held
-    by the new owner."""
-    if _revoked(job, owner):
+def decide(message: Message, age: float, revoked: Callable[[], bool]) -> tuple[str, float]:
+    """What ``message`` does, whose lock was taken over ``age`` seconds ago; ``revoked()``
+    asks the front-end whether the dispatch that took over marked it REVOKED (R1; False when
+    the job keeps no result or it cannot be read). (REPLACED, 0) never runs; (WAIT,
+    countdown) is checked again after ``countdown`` seconds (the seconds it has waited so far
+    travel in its dedup header, :data:`WAITED`); (SKIP, 0) is skipped as held by the new
+    owner."""
+    if revoked():
         return REPLACED, 0.0
-    left = grace() - waited
+    left = grace() - waited(message)
     if left <= 0:
         return SKIP, 0.0
     countdown = min(left, max(0.05, app_settings.LEASE_SECONDS / 3))
     logger.info("%s[%s]: its lock was taken over %.2fs ago by a dispatch not confirmed yet "
-                "(its reply may be lost, S7); this message waits %.2fs.", job.name, owner,
-                age, countdown)
+                "(its reply may be lost, S7); this message waits %.2fs.", message.name,
+                message.owner, age, countdown)
     return WAIT, countdown
 
 
-def _revoked(job: UniqueJob, owner: str) -> bool:
-    """Has the dispatch that took over marked ``owner`` REVOKED (R1)? False when the job
-    keeps no result, or the result cannot be read."""
-    if job.ignore_result or job.request.ignore_result:
-        return False
-    try:
-        return str(job.AsyncResult(owner).state) == REVOKED
-    except Exception:
-        logger.warning("%s[%s]: could not read the result.", job.name, owner, exc_info=True)
-        return False
+def waited(message: Message) -> float:
+    """Seconds ``message`` has waited for the outcome of a take-over so far."""
+    return float(message.carried(WAITED) or 0)

@@ -5,7 +5,7 @@ What lives here: the options and their validation, the rate parser, the throttle
 message (``{KEY_PREFIX}:throttle:{task name}:{throttle id}``, built by
 :func:`dedup_jobs.keys.build_key` like every other key) and the holding of a concurrency slot
 while the body runs (leased like a lock, released at the end, kept across a retry). Where a
-message is admitted or deferred: :func:`dedup_jobs.jobs.admission.admit_throttle`.
+message is admitted or deferred: :func:`dedup_jobs.engine.throttle_admission.admit`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from celery.exceptions import Retry
-
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings
+from dedup_jobs.engine.lease import leases
+from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId, StoreUnavailable
-from dedup_jobs.jobs.rollback import rollbacks
 from dedup_jobs.keys import JobKey
 
 #: seconds per period letter of Celery's rate syntax
@@ -173,23 +172,23 @@ def release_slot(job_name: str, slot: Slot | None) -> None:
 
 
 @contextmanager
-def holding(slot: Slot | None, sender: type, request: Any) -> Iterator[None]:
+def holding(slot: Slot | None, sender: type, request: Any,
+            keep_on: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Run the block holding ``slot`` (None: nothing to hold): renewed by the lease thread
     every third of LEASE_SECONDS (a SIGKILLed worker's slot frees within LEASE_SECONDS),
     released when the block ends, except by a retry (the retry, same task id, keeps it, as
-    a unique lock is kept; if the retry does not come back in time its lease runs out)."""
+    a unique lock is kept; if the retry does not come back in time its lease runs out): the
+    front-end names its retry exceptions in ``keep_on``."""
     if slot is None:
         yield
         return
-    from dedup_jobs.jobs.lease import leases
-
     keep = False
     lease: Any = None
     try:
         with leases.hold(slot.store, slot.key, slot.owner, app_settings.LEASE_SECONDS,
                          sender=sender, slot_limit=slot.limit, resend=slot.resend) as lease:
             yield
-    except Retry:
+    except keep_on:
         keep = True
         raise
     finally:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from dedup_jobs import clock, metrics
-from dedup_jobs.jobs import native
+from dedup_jobs.engine import native
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import lock_lost, notify
 from dedup_jobs.stores.base import BaseStore
