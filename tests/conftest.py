@@ -182,6 +182,11 @@ ALL_STORE_PARAMS = [
     pytest.param("sentinel", marks=pytest.mark.redis, id="django-redis-sentinel"),
     # a store of a third party's own, by dotted path (tests/plugin_store.py)
     PLUGIN := pytest.param("plugin", marks=pytest.mark.redis, id="plugin-sharded"),
+    # the database store's row-locking path (stores/database/portable.py: a database without
+    # its single statements), on PostgreSQL's real row locks (SQLite locks the whole file: two
+    # transactions that read, then write, deadlock there, and SQLite always has its statements)
+    PORTABLE := pytest.param("database-postgres-portable", marks=pytest.mark.postgres,
+                             id="database-postgres-portable"),
 ]
 #: DEDUP_JOBS["STORES"] of the "plugin" store_name: a third party's store, outside the package
 PLUGIN_STORES = {"plugin": "tests.plugin_store.ShardedStore"}
@@ -194,7 +199,7 @@ DATABASE_STORE_PARAMS = [
 def database_alias(store_name: str) -> str:
     """The DATABASES alias a ``store_name`` param puts the database store on."""
     return {"database-postgres": "postgres", "database-mariadb": "mariadb"}.get(
-        store_name, "default")
+        store_name.removesuffix("-portable"), "default")
 
 
 def _store_settings(name: str) -> dict[str, Any]:
@@ -225,6 +230,11 @@ def sentinel_store() -> Iterator[tuple[dict[str, Any], Any]]:
 def _use_store(request: pytest.FixtureRequest) -> Iterator[str]:
     name: str = request.param
     dedup = {**settings.DEDUP_JOBS, **_store_settings(name)}
+    if name.endswith("-portable"):
+        from dedup_jobs.stores.database import statements
+
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setattr(statements, "dialect", lambda connection: None)
     if name == "sentinel":
         cache, setup = request.getfixturevalue("sentinel_store")
         setup.primary_server.client.flushdb()

@@ -66,7 +66,7 @@ from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore, encode_call, running_key
 from dedup_jobs.stores.database import statements
 from tests.cluster.conftest import redis_cluster, use_cluster, valkey_cluster  # noqa: F401
-from tests.conftest import _use_store
+from tests.conftest import ALL_STORE_PARAMS, _use_store
 from tests.fates_model import (
     DEALT,
     DEBOUNCE_FOR,
@@ -375,23 +375,17 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
             assert all(probes), f"T2/T4: a concurrency slot left after every run: {probes}"
 
 
-#: every store, each for the kinds it supports. The database store (about 0.8 s an example on
-#: SQLite and PostgreSQL, against 0.1 s on Redis) and the clusters are the slow matrix
-#: (`uv run pytest -m matrix`, a CI step of its own), so this module's share of the README's
-#: command stays near 75 s.
+#: every store, each for the kinds it supports: the store-facing suites' list
+#: (tests/conftest.py ALL_STORE_PARAMS, so a store added there is dealt every fate here too),
+#: the database store's row-locking path on SQLite, and both clusters. The database store
+#: (about 0.8 s an example on SQLite and PostgreSQL, against 0.1 s on Redis) and the clusters
+#: are the slow matrix (`uv run pytest -m matrix`, a CI step of its own), so this module's
+#: share of the README's command stays near 90 s.
 PARAMS = [
-    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("djredis", marks=pytest.mark.redis, id="django-cache-redis"),
-    pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey], id="django-valkey"),
-    pytest.param("database", marks=pytest.mark.matrix, id="database-sqlite"),
-    pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
-                 id="database-postgres"),
-    pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
-                 id="database-mariadb"),
-    # the database store's row-locking path (portable.py: databases without its statements)
+    *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
+      if str(p.id).startswith("database") else p for p in ALL_STORE_PARAMS),
+    # the row-locking path on SQLite too (portable.py; one writer at a time there)
     pytest.param("database", marks=pytest.mark.matrix, id="database-sqlite-portable"),
-    pytest.param("memcached", id="memcached"),
-    pytest.param("locmem", id="locmem"),
     pytest.param("cluster-redis", marks=pytest.mark.matrix, id="redis-cluster"),
     pytest.param("cluster-valkey", marks=pytest.mark.matrix, id="valkey-cluster"),
 ]
