@@ -188,6 +188,10 @@ ALL_STORE_PARAMS = [
     PORTABLE := pytest.param("database-postgres-portable", marks=pytest.mark.postgres,
                              id="database-postgres-portable"),
 ]
+#: the stores of ALL_STORE_PARAMS that cannot throttle (T4 asks one atomic round trip per
+#: admission): the throttle contract (tests/test_throttle_store.py) leaves them out, and
+#: checks that they still lack the capability
+CANNOT_THROTTLE = ("locmem", "memcached")
 #: DEDUP_JOBS["STORES"] of the "plugin" store_name: a third party's store, outside the package
 PLUGIN_STORES = {"plugin": "tests.plugin_store.ShardedStore"}
 #: the database store on each database the suite runs (for tests of the database store alone)

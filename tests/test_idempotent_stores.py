@@ -19,17 +19,14 @@ from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import CLAIMED, BaseStore, encode_call
 from dedup_jobs.stores.database import statements
-from tests.conftest import LOCMEM, MARIADB, PLUGIN, POSTGRES, REDIS_FAMILY, store_fixture
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
 
 pytestmark = pytest.mark.django_db(databases="__all__")
 
 store_name = store_fixture([
-    *REDIS_FAMILY, LOCMEM, pytest.param("database", id="database-sqlite"), POSTGRES, MARIADB,
-    pytest.param("memcached", id="memcached"), PLUGIN,
-    # the database store's row-locking path (portable.py: databases without its statements)
+    *ALL_STORE_PARAMS,
+    # the row-locking path on SQLite too (portable.py; ALL_STORE_PARAMS has it on PostgreSQL)
     pytest.param("database", id="database-sqlite-portable"),
-    pytest.param("database-postgres", marks=pytest.mark.postgres,
-                 id="database-postgres-portable"),
 ])
 
 LOCK = build_key("unique", "tests.idempotent_stores", "item=1")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from dedup_jobs import clock
@@ -22,7 +23,7 @@ from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import running_key
 from dedup_jobs.stores.database import statements
-from tests.conftest import DATABASE_STORE_PARAMS, REDIS_FAMILY, database_alias
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
 from tests.fates_model import past_deadline
 
 pytestmark = pytest.mark.django_db(databases="__all__")
@@ -31,22 +32,22 @@ LOCK = build_key("unique", "tests.start_fates", "item=1")
 LEASE = 30.0
 
 
-@pytest.fixture(params=[
-    *REDIS_FAMILY, *DATABASE_STORE_PARAMS,
-    # the database store's row-locking path (portable.py: databases without its statements)
+store_name = store_fixture([
+    *ALL_STORE_PARAMS,
+    # the row-locking path on SQLite too (portable.py; ALL_STORE_PARAMS has it on PostgreSQL)
     pytest.param("database", id="database-sqlite-portable"),
 ])
-def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """S1: the Redis store on each Redis-protocol backend (django-redis, Django's RedisCache,
-    django-valkey on Valkey); the database store on each database."""
-    name: str = request.param
+
+
+@pytest.fixture
+def store(store_name: str, request: pytest.FixtureRequest,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Every store of the store-facing suites (tests/conftest.py ALL_STORE_PARAMS), with a
+    lease of 60 s."""
     if request.node.callspec.id.endswith("-portable"):
         monkeypatch.setattr(statements, "dialect", lambda connection: None)
-    dedup: dict[str, Any] = {"STORE": name, "LEASE_SECONDS": 60}
-    if name.startswith("database"):
-        dedup.update(STORE="database", DATABASE_ALIAS=database_alias(name))
-    with override_settings(DEDUP_JOBS=dedup):
-        yield get_store(dedup["STORE"])
+    with override_settings(DEDUP_JOBS={**settings.DEDUP_JOBS, "LEASE_SECONDS": 60}):
+        yield get_store(settings.DEDUP_JOBS["STORE"])
 
 
 def _late(store: Any, call: Any) -> str:

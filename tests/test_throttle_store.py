@@ -1,5 +1,6 @@
-"""The throttling decisions of the stores (T2-T4) on the Redis family and the database store
-on SQLite, PostgreSQL and MariaDB: concurrency slots as leases, the rate's sliding window,
+"""The throttling decisions of the stores (T2-T4) on every store that can throttle (the Redis
+family, Sentinel, the database store on SQLite, PostgreSQL and MariaDB, its row locks, the
+plugin store): concurrency slots as leases, the rate's sliding window,
 re-sends (S7), the store's own clock; and one round trip per admission on Redis."""
 
 from __future__ import annotations
@@ -14,20 +15,31 @@ from django.test import override_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RELEASED, BaseStore
+from dedup_jobs.stores.protocols import missing
 from dedup_jobs.stores.throttling import HELD_BACK
 from tests import jobs_throttle
-from tests.conftest import DATABASE_STORE_PARAMS, PLUGIN, REDIS_FAMILY, store_fixture
+from tests.conftest import ALL_STORE_PARAMS, CANNOT_THROTTLE, DATABASE_STORE_PARAMS, store_fixture
 from tests.fates_model import past_deadline
 from tests.test_stores import delta
 
-#: the default run: django-redis and the database store on SQLite; the slow store matrix
-#: (uv run pytest -m matrix) adds Django's RedisCache, django-valkey, PostgreSQL and MariaDB
+#: every store of the store-facing suites that can throttle (tests/conftest.py
+#: ALL_STORE_PARAMS minus CANNOT_THROTTLE). The default run: django-redis, the database store
+#: on SQLite and the plugin store; the slow store matrix (uv run pytest -m matrix) adds the
+#: others (Django's RedisCache, django-valkey, Sentinel, PostgreSQL, MariaDB, the row locks)
+DEFAULT_RUN = ("django-redis", "database-sqlite", "plugin-sharded")
 store_name = store_fixture([
-    REDIS_FAMILY[0],
-    *(p for p in DATABASE_STORE_PARAMS if p.id == "database-sqlite"), PLUGIN,
-    *(pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
-      for p in [*REDIS_FAMILY[1:], *DATABASE_STORE_PARAMS] if p.id != "database-sqlite"),
+    p if p.id in DEFAULT_RUN
+    else pytest.param(*p.values, marks=[*p.marks, pytest.mark.matrix], id=p.id)
+    for p in ALL_STORE_PARAMS if p.values[0] not in CANNOT_THROTTLE
 ])
+
+
+@pytest.mark.parametrize("store_name", CANNOT_THROTTLE, indirect=True)
+def test_the_stores_left_out_cannot_throttle(store_name: str) -> None:
+    """The list above leaves out only stores that lack the throttle capability: one that
+    gains it fails here, until it joins the list."""
+    cls = type(_store(store_name))
+    assert not cls.can_throttle and missing(cls, "throttle"), cls
 
 
 def _store(store_name: str) -> BaseStore:
