@@ -62,7 +62,7 @@ def admit(message: Message, key: JobKey, alias: str, store: BaseStore, *, concur
     # 1 s, part of the waiter's turn; T3: none, the reserved start times are spread already)
     wait = max(0.0, answer.until - clock.now())
     metrics.decision(message.name, "deferred", key.key)
-    notify(job_deferred, message.sender, task_id=owner, key=key.key, reason=answer.reason,
+    notify(job_deferred, message.sender, task_id=owner, key=key.key, reason=str(answer.reason),
            until=clock.now() + wait, observed=message.observing)
     if message.observing:
         logger.info("%s[%s]: observe-only: would have waited %.2fs (%s of %s); runs now.",

@@ -140,9 +140,26 @@ class Debounced:
     superseded: str | None = None  # the previous latest dispatch, superseded by the caller
 
 
-#: Admission.reason of a re-sent or late admission whose grant is over (released, or taken
-#: over by a later admission of the same task): nothing was granted, nothing changed
-RELEASED = "released"
+class Answer(str, Enum):
+    """An answer that is one of a few words: equal to its word (the stores' scripts and SQL
+    return the words), printed as it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class ThrottleAnswer(Answer):
+    """Why :meth:`BaseStore.throttle_admit` admitted nothing (``Admission.reason``)."""
+
+    ADMITTED = ""  # admitted: no reason
+    CONCURRENCY = "concurrency"  # T2: every slot is taken: wait for one
+    THROTTLE = "throttle"  # T3: the rate allows no start now: wait for one
+    #: a re-sent or late admission whose grant is over (released, or taken over by a later
+    #: admission of the same task): nothing was granted, nothing changed (S7)
+    RELEASED = "released"
+
+
+RELEASED = ThrottleAnswer.RELEASED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,13 +167,16 @@ class Admission:
     """The answer of :meth:`BaseStore.throttle_admit` (T2-T4)."""
 
     admitted: bool
-    #: deferred: "concurrency" or "throttle"; RELEASED: this nonce's grant was released or
+    #: deferred: CONCURRENCY or THROTTLE; RELEASED: this nonce's grant was released or
     #: superseded already (a re-sent or late admission changes nothing, issue 21's fates)
-    reason: str = ""
+    reason: ThrottleAnswer = ThrottleAnswer.ADMITTED
     until: float = 0.0  # deferred: when to try again (epoch seconds, the store's clock)
     #: admitted into a slot its owner (this task id) held already: a retry that kept it, or
     #: another delivery of this message still running (W5: a copy put off leaves it be)
     held: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reason", ThrottleAnswer(self.reason))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,13 +219,21 @@ def new_request_id() -> str:
 #: seconds the state of a debounce burst outlives its due time, so that a message delayed by
 #: a worker outage still finds it (after that a new dispatch starts a new burst)
 STATE_GRACE = 3600.0
-CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
-WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
-MISSING = "missing"  # no state (flushed, evicted, expired): run the message as it is
-OTHER = "other"  # the state belongs to another message (a newer burst): run as it is
-#: the message of a stale burst (D9) whose ids a newer burst adopted: that burst's run
-#: records the outcome under this message's id, so the message itself does not run
-ADOPTED = "adopted"
+
+
+class ClaimAnswer(Answer):
+    """What :meth:`BaseStore.claim_due` answers a debounce message (``Due.action``)."""
+
+    CLAIMED = "claimed"  # the burst is the caller's: run with the latest arguments
+    WAIT = "wait"  # not due yet (a later dispatch moved it): re-schedule to wait_until
+    MISSING = "missing"  # no state (flushed, evicted, expired): run the message as it is
+    OTHER = "other"  # the state belongs to another message (a newer burst): run as it is
+    #: the message of a stale burst (D9) whose ids a newer burst adopted: that burst's run
+    #: records the outcome under this message's id, so the message itself does not run
+    ADOPTED = "adopted"
+
+
+CLAIMED, WAIT, MISSING, OTHER, ADOPTED = ClaimAnswer
 
 
 def stale_grace() -> float:
@@ -221,12 +249,15 @@ class Due:
     """The answer of :meth:`BaseStore.claim_due`, the worker-side decision of a debounce
     message."""
 
-    action: str  # CLAIMED, WAIT, MISSING, OTHER or ADOPTED
+    action: ClaimAnswer
     wait_until: float | None = None  # WAIT: when the burst is due (epoch seconds)
     latest_id: str | None = None  # CLAIMED: the dispatch whose arguments run
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     absorbed: tuple[str, ...] = ()  # CLAIMED: every dispatch id of the burst, in order
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", ClaimAnswer(self.action))
 
 
 class CallArgs(tuple[Any, ...]):

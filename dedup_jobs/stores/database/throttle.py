@@ -19,6 +19,7 @@ from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.answers import ThrottleAnswer
 from dedup_jobs.stores.base import (
     RELEASED,
     THROTTLE_GRACE,
@@ -122,7 +123,7 @@ class DatabaseThrottleMixin:
                     wait = self._wait_for_slot(pk, mine, owner, n, now, lease, margin)
                     if wait is not None:
                         mine.filter(kind=RES, member=owner).delete()
-                        return Admission(admitted=False, reason="concurrency",
+                        return Admission(admitted=False, reason=ThrottleAnswer.CONCURRENCY,
                                          until=clock.now() + wait)
             if k:
                 reserved = mine.filter(kind=RES, member=owner).values_list(
@@ -130,7 +131,7 @@ class DatabaseThrottleMixin:
                 r = _ts(reserved) if reserved is not None else None
                 if r is not None and r > now + margin / 2:
                     mine.filter(kind=WAIT, member=owner).delete()
-                    return Admission(admitted=False, reason="throttle",
+                    return Admission(admitted=False, reason=ThrottleAnswer.THROTTLE,
                                      until=clock.now() + r - now)
                 starts = mine.filter(kind=START, at__gt=_dt(now - p))
                 count = starts.count()
@@ -145,7 +146,7 @@ class DatabaseThrottleMixin:
                 if start_at > now:
                     self._put(pk, RES, owner, start_at, start_at + p + grace)
                     mine.filter(kind=WAIT, member=owner).delete()
-                    return Admission(admitted=False, reason="throttle",
+                    return Admission(admitted=False, reason=ThrottleAnswer.THROTTLE,
                                      until=clock.now() + start_at - now)
                 mine.filter(kind=RES, member=owner).delete()
                 self._put(pk, START, delivery, now, now + p)

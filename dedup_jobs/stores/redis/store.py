@@ -11,6 +11,7 @@ from django.core.cache import caches
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.answers import ClaimAnswer
 from dedup_jobs.stores.base import (
     ADOPTED,
     CLAIM_RECORD_SECONDS,
@@ -188,7 +189,7 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
                        absorbed=_in_order(answer[3]))
         if action == WAIT:
             return Due(action=WAIT, wait_until=int(answer[1]) / 1000)
-        return Due(action=action if action in (OTHER, ADOPTED) else MISSING)
+        return Due(action=ClaimAnswer(action) if action in (OTHER, ADOPTED) else MISSING)
 
     def withdraw(self, key: JobKey, task_id: str) -> bool:
         return bool(self._eval("WITHDRAW", self._debounce_keys(key), (task_id,), key.task_name))

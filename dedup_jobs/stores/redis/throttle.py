@@ -12,6 +12,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import throttling as plan
+from dedup_jobs.stores.answers import ThrottleAnswer
 from dedup_jobs.stores.base import (
     RELEASED,
     THROTTLE_GRACE,
@@ -90,7 +91,7 @@ class RedisThrottleMixin:
             if answer[0] == 0:
                 # ``until`` on our clock: the server's wait added to our now (no skew)
                 wait = (int(answer[2]) - int(answer[3])) / 1000
-                return Admission(admitted=False, reason=_text(answer[1]),
+                return Admission(admitted=False, reason=ThrottleAnswer(_text(answer[1])),
                                  until=time.time() + wait)
             self.learn_skew(int(answer[1]))  # refused as late, answered in time: clock skew
         raise StoreUnavailable(self.alias, "the server refused the admission as late twice")
