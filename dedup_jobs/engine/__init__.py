@@ -7,6 +7,7 @@ answer (raise ``Ignore``, publish again, mark a result). Where each decision liv
 
 - ``message.py``: one message at the worker, as the decisions see it (owner, header, observe
   mode, redelivery mark), computed once by the front-end;
+- ``dispatch.py``: a dispatch's lock call (U1/R1/S7) and whether it publishes;
 - ``start.py``: the worker's lock check (W1/W3/W5/R2) as one store call and its answer as one
   value (:class:`~dedup_jobs.stores.answers.StartAnswer`), and how long a message waits;
 - ``takeover.py``: a queued message whose lock another dispatch took over (R1/S7);

@@ -1,8 +1,9 @@
 """UniqueJob and UniqueUntilProcessingJob: one copy queued (or running) per unique id.
 
-Where the lock is taken: :meth:`UniqueJob.apply_async` (dispatch, one store call).
+Where the lock is taken: :meth:`UniqueJob.apply_async` →
+:class:`dedup_jobs.engine.dispatch.Dispatch` (dispatch, one store call).
 Where the worker checks: :meth:`UniqueJob.__call__` → :func:`dedup_jobs.jobs.admission.admit`
-→ ``store.start`` (one store call): admitted, skipped, put off or dropped there.
+→ ``engine/start.py`` → ``store.start`` (one store call): admitted, skipped, put off or dropped.
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
 Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``engine/rollback.py``).
@@ -17,6 +18,7 @@ from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
+from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.engine.lease import leases
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
@@ -36,7 +38,7 @@ from dedup_jobs.signals import (
     notify,
     unique_job_skipped,
 )
-from dedup_jobs.stores.base import BaseStore, new_request_id
+from dedup_jobs.stores.base import BaseStore
 
 ON_DUPLICATE_CHOICES = ("return", "raise", "replace")
 
@@ -144,19 +146,14 @@ class UniqueJob(DedupJob):
             # retry (self.retry(throw=False) returns normally; the same id carries on).
             self.request.update(dedup_handed_over=True)
             return self._publish(args, kwargs, task_id, key, alias, options)
-        replace = self.on_duplicate == "replace"
-        # S7: a re-send of this request answers "taken"; another dispatch of the same explicit
-        # id is a duplicate; an undo touches only what this request did.
-        request = task_id if generated else new_request_id()
+        dispatch = Dispatch(key=key, task_id=task_id, ttl=ttl, generated=generated,
+                            replace=self.on_duplicate == "replace")
         try:
-            if replace:
-                answer = store.take_over(key, task_id, ttl, now=now, request=request)
-            else:
-                answer = store.acquire(key, task_id, ttl, now=now, request=request)
+            answer = dispatch.ask(store, now=now)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
                 # S7: the call may have run on the store (a lost reply): undo it.
-                undo_lock(self, store, key, task_id, ttl, request=request,
+                undo_lock(self, store, key, task_id, ttl, request=dispatch.request,
                           generated=generated)
                 raise
             logger.warning(
@@ -171,10 +168,7 @@ class UniqueJob(DedupJob):
             metrics.decision(self.name, "dispatched")
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
-        # A freshly generated id held already means our own acquire ran twice (the client
-        # re-sent it after a lost reply): the lock is ours, publish. (The Redis family
-        # answers such a re-send "taken" itself, by the request id, for any id.)
-        if not answer.acquired and not (generated and answer.holder == task_id):
+        if not answer.publish:
             return self._duplicate(key, alias, answer.holder, task_id, args, kwargs, options)
         if answer.replaced:
             self._replaced(key, answer.replaced, task_id)
@@ -185,7 +179,7 @@ class UniqueJob(DedupJob):
             try:
                 store.release(key, task_id)
             except StoreUnavailable:
-                undo_lock(self, store, key, task_id, ttl, request=request,
+                undo_lock(self, store, key, task_id, ttl, request=dispatch.request,
                           generated=generated)
             raise
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)

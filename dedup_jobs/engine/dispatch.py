@@ -1,0 +1,60 @@
+"""Where a unique kind's dispatch takes its lock (U1, R1, S7): one store call, ``store.acquire``
+(``store.take_over`` under ``on_duplicate = "replace"``), and what its answer means: publish,
+or deduplicate onto the holder.
+
+The front-end (``jobs/unique.py`` ``apply_async``) makes the :class:`Dispatch`, asks it, and
+acts on the answer: it publishes, returns the holder's result, raises ``DuplicateJob``, tells
+a replaced holder (``jobs/replace.py``), or, when the store cannot answer, undoes what this
+very request may have done (``engine/rollback.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import BaseStore, new_request_id
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dispatched:
+    """The answer of a dispatch's lock call."""
+
+    publish: bool  # the lock is the caller's: its message is published
+    holder: str  # the owner holding the lock now (the caller's own id when publish)
+    replaced: str | None = None  # R1: the queued holder the caller took the lock over from
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dispatch:
+    """One dispatch of ``task_id`` under ``key``. Its ``request`` id makes a re-send of the
+    call known to the store (S7): a generated task id is its own request id (a re-send of it
+    answers "taken"); an explicit id, which another dispatch may carry too, gets a fresh one,
+    so that dispatch is a duplicate and an undo touches only what this request did."""
+
+    key: JobKey
+    task_id: str
+    ttl: float  # seconds the lock lives (unique_for, plus the message's countdown or eta)
+    generated: bool  # the task id was generated for this dispatch
+    replace: bool  # R1: take the lock over from a queued holder
+    request: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.request:
+            object.__setattr__(self, "request",
+                               self.task_id if self.generated else new_request_id())
+
+    def ask(self, store: BaseStore, *, now: float) -> Dispatched:
+        """The one store call; StoreUnavailable when it cannot answer (never sent, its reply
+        lost or late): the caller undoes ``request`` or publishes without a lock."""
+        if self.replace:
+            answer = store.take_over(self.key, self.task_id, self.ttl, now=now,
+                                     request=self.request)
+        else:
+            answer = store.acquire(self.key, self.task_id, self.ttl, now=now,
+                                   request=self.request)
+        # A freshly generated id held already means this very call ran twice (the client
+        # re-sent it after a lost reply): the lock is ours. (The Redis family answers such a
+        # re-send "taken" itself, by the request id, for any id.)
+        mine = answer.acquired or (self.generated and answer.holder == self.task_id)
+        return Dispatched(publish=mine, holder=answer.holder,
+                          replaced=answer.replaced if mine else None)
