@@ -10,6 +10,8 @@ answer (raise ``Ignore``, publish again, mark a result). Where each decision liv
 - ``dispatch.py``: a dispatch's lock call (U1/R1/S7) and whether it publishes;
 - ``start.py``: the worker's lock check (W1/W3/W5/R2) as one store call and its answer as one
   value (:class:`~dedup_jobs.stores.answers.StartAnswer`), and how long a message waits;
+- ``debounce.py``: a burst taken out of the store by its message id, and the undo of a
+  debounce dispatch that failed (D9, S7);
 - ``takeover.py``: a queued message whose lock another dispatch took over (R1/S7);
 - ``store_errors.py``: what a decision does when its store call cannot reach the store
   (W4/W7);

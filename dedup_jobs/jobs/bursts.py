@@ -2,10 +2,11 @@
 operator's release of a burst whose message is lost (D9: ``clear_stale_locks``, the admin's
 *Debounced jobs* page, the example project's demo).
 
-Both take the burst by a compare-and-delete on its message id (the store's claim, with a time
-far past any due time), so a newer burst of the same id is never touched, and both leave no
-caller waiting: an undo hands the dispatches absorbed meanwhile to a message of their own
-(they run, with the latest arguments), a release ends them REVOKED with its reason.
+Both take the burst by a compare-and-delete on its message id (``engine/debounce.py``: the
+store's claim, with a time far past any due time), so a newer burst of the same id is never
+touched, and both leave no caller waiting: an undo hands the dispatches absorbed meanwhile to
+a message of their own (they run, with the latest arguments), a release ends them REVOKED
+with its reason. This module is the Celery half: results marked, chains ended.
 """
 
 from __future__ import annotations
@@ -14,26 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from celery.exceptions import TaskRevokedError
 
-from dedup_jobs import clock
+from dedup_jobs.engine import debounce
+from dedup_jobs.engine.debounce import take
 from dedup_jobs.jobs import chains
 from dedup_jobs.jobs.absorbed import REVOKED, record_outcome
-from dedup_jobs.jobs.base import logger
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import CLAIMED, STATE_GRACE, BaseStore, Due
+from dedup_jobs.stores.base import BaseStore, Due
 
 if TYPE_CHECKING:
     from dedup_jobs.jobs.debounced import DebouncedJob
-
-#: the claim of a burst taken from outside its run: any burst is due by then
-FAR = 10 * STATE_GRACE
-
-
-def take(store: BaseStore, key: JobKey, message_id: str) -> Due | None:
-    """The burst at ``key`` whose message is ``message_id``, out of the store; None when the
-    key holds no burst of that message (gone, claimed, or a newer burst)."""
-    due = store.claim_due(key, message_id, now=clock.now() + FAR)
-    return due if due.action == CLAIMED else None
-
 
 def release(task: DebouncedJob, store: BaseStore, key: JobKey, message_id: str,
             reason: str) -> bool:
@@ -70,33 +60,8 @@ def revoke(task: DebouncedJob, due: Due, reason: str, *, skip: str = "") -> None
 
 def undo(task: DebouncedJob, store: BaseStore, key: JobKey, task_id: str,
          publish: Any) -> bool:
-    """S7: the dispatch ``task_id`` raised StoreUnavailable, yet its lost reply may have
-    started a burst with ``task_id`` as its never-published message. Take that burst back;
-    the dispatches absorbed into it meanwhile still run: ``publish(winner, due, others)``
-    sends the latest of them as a claimed message (a later dispatch starts a new burst), so
-    the failed dispatch is neither the message nor the source of the arguments. Absorbed
-    into another dispatch's burst instead, it is withdrawn from it. True when something
-    was undone."""
-    due = take(store, key, task_id)
-    if due is None:
-        # absorbed into another dispatch's burst: it goes, with its arguments
-        return store.withdraw(key, task_id)
-    others = [i for i in due.absorbed if i != task_id]
-    if not others:
-        return True
-    reason = f"debounce burst dropped: its message {task_id} was never published"
-    winner = due.latest_id
-    if winner and winner != task_id:
-        try:
-            publish(winner, due, [i for i in others if i != winner])
-        except Exception:
-            logger.warning("%s: the burst %s had no message and the one sent for dispatches "
-                           "%s failed too.", task.name, key.key, others, exc_info=True)
-            revoke(task, due, reason, skip=task_id)
-            return True
-        logger.warning("%s: the burst %s had no message (its first dispatch %s failed); "
-                       "dispatches %s were absorbed into it: they run as %s.",
-                       task.name, key.key, task_id, others, winner)
-    else:
-        revoke(task, due, reason, skip=task_id)
-    return True
+    """S7: undo the failed dispatch ``task_id`` (``engine/debounce.py``): ``publish(winner,
+    due, others)`` sends the latest absorbed dispatch as the burst's claimed message; when
+    there is none, or that fails too, the absorbed dispatches end REVOKED."""
+    return debounce.undo(task.name, store, key, task_id, publish=publish,
+                         revoke=lambda due, reason: revoke(task, due, reason, skip=task_id))

@@ -23,6 +23,7 @@ from celery.result import AsyncResult
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
+from dedup_jobs.engine import debounce
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
@@ -219,7 +220,7 @@ class DebouncedJob(DedupJob):
         if header.get(CLAIMED_FLAG):
             return
         try:
-            due = bursts.take(self.store(str(header["via"])), self.key_from_header(header),
+            due = debounce.take(self.store(str(header["via"])), self.key_from_header(header),
                               message_id)
         except StoreUnavailable:
             logger.warning(

@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dedup_jobs import clock
+from dedup_jobs.engine import debounce
 from dedup_jobs.exceptions import DedupError, StoreUnavailable
 from dedup_jobs.jobs import bursts, registry
 from dedup_jobs.jobs.base import DedupJob
@@ -192,7 +193,7 @@ class Command(BaseCommand):
             if isinstance(job, DebouncedJob):
                 removed = bursts.release(job, target, key, state.message_id, why)
             else:
-                removed = bursts.take(target, key, state.message_id) is not None
+                removed = debounce.take(target, key, state.message_id) is not None
             self.totals["bursts removed" if removed else "bursts changed meanwhile"] += 1
             self._say(f"{'removed' if removed else 'kept'} {label}: {reason}", level=2)
 
