@@ -30,7 +30,6 @@ from uuid import uuid4
 from django.core.cache import caches
 
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
     ADOPTED,
@@ -56,6 +55,7 @@ from dedup_jobs.stores.base import (
 from dedup_jobs.stores.cache_calls import DjangoCacheCalls
 from dedup_jobs.stores.cache_debounce import CacheDebounceMixin, due_of
 from dedup_jobs.stores.cache_flow import CacheFlowMixin, taken_over_age
+from dedup_jobs.stores.retry import AGAIN, Again, decide
 
 if TYPE_CHECKING:
     from dedup_jobs.stores.memcached import MemcachedClient
@@ -146,9 +146,6 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
             "expires": now + ttl, "task": key.task_name, "id": key.ident,
         }
 
-    def _changed_hands(self, key: JobKey) -> StoreUnavailable:
-        return StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
-
     # Every loop below reads (gets), decides, and writes guarded by the read's cas token:
     # a write that finds the lock changed (False) or gone (None) since the read decides again.
 
@@ -173,21 +170,23 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         calls = self.calls
         deadline = self.deadline_ms()
         value = {**self._value(key, owner, QUEUED, now, ttl), "req": request or ""}
-        for _ in range(5):
+
+        def attempt() -> Acquired | Again:
             self._in_time(deadline)
             if calls.add(key.key, value, ttl):
                 return Acquired(acquired=True, holder=owner)
             current, token = calls.gets(key.key)
             if current is None:
-                continue  # expired between add and get: try again
+                return AGAIN  # expired between add and get: try again
             if request and current["owner"] == owner and current.get("req") == request:
                 return Acquired(acquired=True, holder=owner)  # this request made again (S7)
             if reentrant and current["owner"] == owner:
                 if calls.cas(key.key, value, token, ttl):
                     return Acquired(acquired=True, holder=owner)
-                continue
+                return AGAIN
             return Acquired(acquired=False, holder=str(current["owner"]))
-        raise self._changed_hands(key)
+
+        return decide(self.alias, key.key, attempt)
 
     @decision
     def start(
@@ -198,7 +197,8 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         # S7: a check that reaches the store past its caller's deadline (the worker ran W4 or
         # deferred already) writes nothing: its re-send, with a deadline of its own, does
         calls, deadline = self.calls, self.deadline_ms()
-        for _ in range(5):
+
+        def attempt() -> Started | Again:
             current, token = calls.gets(key.key)
             if current is not None and current["owner"] != owner:
                 return Started(run=False, holder=str(current["owner"]),
@@ -212,18 +212,20 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
                     return Started(run=True, holder=None)
                 if calls.cas_delete(key.key, token):
                     return Started(run=True, holder=None, released=True)
-                continue
+                return AGAIN
             if current is None:
                 value = {**self._value(key, owner, RUNNING, now, lease), "run": delivery,
                          "took": True}
                 if calls.add(key.key, value, lease):
                     return Started(run=True, holder=None, took=True)
-                continue  # somebody took it in between: decide again on what is there now
+                return AGAIN  # somebody took it in between: decide again on what is there now
             took = current.get("run") == delivery and bool(current.get("took"))  # re-sent (S7)
             value = self._value(key, owner, RUNNING, now, lease, acquired=current["acquired"])
             if calls.cas(key.key, {**value, "run": delivery, "took": took}, token, lease):
                 return Started(run=True, holder=None, took=took)
-        raise self._changed_hands(key)
+            return AGAIN
+
+        return decide(self.alias, key.key, attempt)
 
     @decision
     def release(self, key: JobKey, owner: str) -> bool:
@@ -231,21 +233,25 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         again after a lost reply answers True, as the first did)."""
         calls = self.calls
         tombstone = f"{key.key}:rel"
-        for _ in range(5):
+
+        def attempt() -> bool | Again:
             current, token = calls.gets(key.key)
             if current is None or current["owner"] != owner:
                 return bool(calls.get(tombstone) == owner)
             if calls.cas_delete(key.key, token):
                 calls.set_many({tombstone: owner}, self._tombstone_seconds())
                 return True
-        raise self._changed_hands(key)
+            return AGAIN
+
+        return decide(self.alias, key.key, attempt)
 
     @decision
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
     ) -> Renewed:
         calls, deadline = self.calls, self.deadline_ms()
-        for _ in range(5):
+
+        def attempt() -> Renewed | Again:
             current, token = calls.gets(key.key)
             if current is None:
                 # Gone (evicted, flushed, expired, released): take it back, "must create",
@@ -257,14 +263,16 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
                 self._in_time(deadline)
                 if calls.add(key.key, value, ttl):
                     return Renewed(held=True, retaken=True)
-                continue  # somebody took it in between: decide on what is there now
+                return AGAIN  # somebody took it in between: decide on what is there now
             if current["owner"] != owner:
                 return Renewed(held=False, holder=str(current["owner"]))
             if current["expires"] >= now + ttl:
                 return Renewed(held=True)
             if calls.cas(key.key, {**current, "expires": now + ttl}, token, ttl):
                 return Renewed(held=True)
-        raise self._changed_hands(key)
+            return AGAIN
+
+        return decide(self.alias, key.key, attempt)
 
     @decision
     def get(self, key: JobKey) -> LockInfo | None:

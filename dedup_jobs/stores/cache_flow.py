@@ -15,12 +15,10 @@ from typing import Any
 from uuid import uuid4
 
 from dedup_jobs import clock
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
+from dedup_jobs.stores.retry import AGAIN, Again, decide
 
-#: times a decision is tried when the lock changed under its cas-guarded write
-ATTEMPTS = 5
 #: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
 #: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
 CHAIN = 16
@@ -67,7 +65,8 @@ class CacheFlowMixin:
         calls = self.calls
         deadline = self.deadline_ms()
         with calls.decision(), self._mutex(key):
-            for _ in range(ATTEMPTS):
+
+            def attempt() -> Acquired | Again:
                 current, token = calls.gets(key.key)
                 if current is not None and current["owner"] == owner:
                     return Acquired(acquired=True, holder=owner,
@@ -82,11 +81,13 @@ class CacheFlowMixin:
                 if current is None:
                     if calls.add(key.key, value, ttl):
                         return Acquired(acquired=True, holder=owner)
-                    continue  # a plain acquire took it in between: decide on that lock
+                    return AGAIN  # a plain acquire took it in between: decide on that lock
                 if calls.cas(key.key, value, token, ttl):
                     return Acquired(acquired=True, holder=owner, replaced=replaced)
                 # changed or gone since the read (expired, taken by a plain acquire)
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+                return AGAIN
+
+            return decide(self.alias, key.key, attempt)
 
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo the failed dispatch ``request`` of ``owner``: its own lock is deleted, or
@@ -100,7 +101,8 @@ class CacheFlowMixin:
                 not request or entry.get("req", "") in ("", request)))
 
         with calls.decision(), self._mutex(key):
-            for _ in range(ATTEMPTS):
+
+            def attempt() -> bool | Again:
                 current, token = calls.gets(key.key)
                 outcome = None if current is None else self._undo_once(key, current, token, mine)
                 if outcome is True:
@@ -109,8 +111,9 @@ class CacheFlowMixin:
                     return True
                 if outcome is None:  # nothing of this request's here (any more)
                     return bool(calls.get(tombstone) == undone)
-                # False: the lock changed since the read: decide again
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+                return AGAIN  # False: the lock changed since the read: decide again
+
+            return decide(self.alias, key.key, attempt)
 
     def _undo_once(self, key: JobKey, current: dict[str, Any], token: Any,
                    mine: Any) -> bool | None:
@@ -144,7 +147,8 @@ class CacheFlowMixin:
         delivery = delivery or str(uuid4())
         calls, deadline = self.calls, self.deadline_ms()
         with calls.decision(), self._mutex(key):
-            for _ in range(ATTEMPTS):
+
+            def attempt() -> Started | Again:
                 marker = calls.get(running.key)
                 if (marker is not None and marker["owner"] == owner
                         and marker.get("run") == delivery):
@@ -160,10 +164,11 @@ class CacheFlowMixin:
                          "took": True}
                 self._in_time(deadline)  # S7: a late check takes no marker (see start())
                 if not calls.add(running.key, value, lease):
-                    continue  # another run took the marker in between: decide on it
+                    return AGAIN  # another run took the marker in between: decide on it
                 released = False
                 if current is not None:
                     # ours: a lock taken meanwhile by another owner (ours expired) stays
                     released = bool(calls.cas_delete(key.key, token))
                 return Started(run=True, holder=None, took=True, released=released)
-        raise StoreUnavailable(self.alias, f"{running.key!r} changed hands 5 times in a row")
+
+            return decide(self.alias, running.key, attempt)

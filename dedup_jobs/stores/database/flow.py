@@ -30,17 +30,15 @@ from django.db import IntegrityError, connections, transaction
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import JobLock
 from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
+from dedup_jobs.stores.retry import AGAIN, Again, decide
 
 #: the ``nonce`` column's length: a longer request id is not kept (matched by owner alone)
 NONCE_LENGTH = 40
-#: attempts when the row keeps changing hands between the take and the row lock
-ATTEMPTS = 5
 #: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
 #: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
 CHAIN = 16
@@ -159,7 +157,8 @@ class DatabaseFlowMixin:
         owner, lock the row and decide on it by the server's clock. The row lock is never
         taken in the transaction that inserts (see ``portable.py``)."""
         rows = JobLock.objects.using(self.using)
-        for _ in range(ATTEMPTS):
+
+        def attempt() -> Acquired | Again:
             holder, outcome, chain = self._take(key, owner, QUEUED, ttl, overwrite_mine=False,
                                                 keep_acquired_if_mine=False, deadline=deadline,
                                                 request=request)
@@ -171,7 +170,7 @@ class DatabaseFlowMixin:
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is None or row.expires_at <= row.server_now:  # type: ignore[attr-defined]
-                    continue  # released or expired in between: take it again
+                    return AGAIN  # released or expired in between: take it again
                 if row.owner == owner:  # made again without a request (S7)
                     return Acquired(acquired=True, holder=owner, replaced=_head(row.chain))
                 if row.state == RUNNING:
@@ -184,7 +183,8 @@ class DatabaseFlowMixin:
                     acquired_at=ServerNow(), expires_at=ServerNow(ttl),
                     nonce=request or uuid.uuid4().hex, chain=chain)
                 return Acquired(acquired=True, holder=owner, replaced=row.owner)
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+        return decide(self.alias, key.key, attempt)
 
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo the failed dispatch ``request`` of ``owner`` (its nonce in the row): its
@@ -257,7 +257,8 @@ class DatabaseFlowMixin:
         deadline: int,
     ) -> Started:
         rows = JobLock.objects.using(self.using)
-        for _ in range(ATTEMPTS):
+
+        def attempt() -> Started | Again:
             try:
                 with transaction.atomic(using=self.using):
                     held = {
@@ -288,8 +289,9 @@ class DatabaseFlowMixin:
                     released = lock is not None and self._delete_mine(key, owner)
                     return Started(run=True, holder=None, took=True, released=released)
             except IntegrityError:
-                continue  # the marker row was created meanwhile: decide again
-        raise StoreUnavailable(self.alias, f"{running.key!r} changed hands 5 times in a row")
+                return AGAIN  # the marker row was created meanwhile: decide again
+
+        return decide(self.alias, running.key, attempt)
 
 
 def _head(chain: str) -> str | None:

@@ -17,14 +17,11 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from dedup_jobs import clock
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import RUNNING, Renewed
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.servertime import ServerNow, server_epoch
-
-#: attempts when the row keeps changing hands between the insert and the row lock
-ATTEMPTS = 5
+from dedup_jobs.stores.retry import AGAIN, ATTEMPTS, Again, decide
 
 
 class RowLockingMixin:
@@ -53,7 +50,8 @@ class RowLockingMixin:
             "chain": "",
         }
         late = None if deadline is None else clock.db_datetime(deadline / 1000)
-        for _ in range(ATTEMPTS):
+
+        def attempt() -> tuple[str, str, str] | Again:
             try:
                 with transaction.atomic(using=self.using):
                     if deadline is not None and self._server_past(deadline):
@@ -66,7 +64,7 @@ class RowLockingMixin:
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
                 if row is None:
-                    continue  # released in between: create it again
+                    return AGAIN  # released in between: create it again
                 free = row.expires_at <= row.server_now  # type: ignore[attr-defined]
                 live = (delivery is not None and row.state == RUNNING
                         and row.nonce not in (nonce, f"held-{nonce}"))
@@ -86,7 +84,8 @@ class RowLockingMixin:
                     update["nonce"] = nonce if row.nonce == nonce else f"held-{nonce}"
                 rows.filter(pk=row.pk).update(**update)
                 return owner, "taken" if update["nonce"] == nonce else "held", update["chain"]
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+
+        return decide(self.alias, key.key, attempt)
 
     def _server_past(self, deadline: int) -> bool:
         """The server's now is past ``deadline`` (epoch ms; read in the caller's transaction)."""
@@ -104,7 +103,8 @@ class RowLockingMixin:
             "chain": "",
         }
         late = clock.db_datetime(deadline / 1000)
-        for _ in range(ATTEMPTS):
+
+        def attempt() -> Renewed | Again:
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(
                     key=key.key).first()
@@ -126,8 +126,9 @@ class RowLockingMixin:
                     rows.create(key=key.key, **values)
                 return Renewed(held=True, retaken=True)
             except IntegrityError:
-                continue  # created meanwhile: decide on that row
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+                return AGAIN  # created meanwhile: decide on that row
+
+        return decide(self.alias, key.key, attempt)
 
     def _debounce_locked(self, key: JobKey, fresh: dict[str, Any], life: float) -> tuple[str, str]:
         """Absorb the dispatch into the locked row, start over on an expired one (by the
@@ -139,6 +140,7 @@ class RowLockingMixin:
         fresh = {name: value for name, value in fresh.items()
                  if name not in ("stale_before", "deadline_ms")}
         fresh["expires_at"] = ServerNow(life)
+        # the shared limit, not decide(): a row that kept changing fails open, not unavailable
         for _ in range(ATTEMPTS):
             with transaction.atomic(using=self.using):
                 row = rows.select_for_update().annotate(server_now=ServerNow()).filter(

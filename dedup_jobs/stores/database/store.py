@@ -38,6 +38,7 @@ from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
 from dedup_jobs.stores.database.servertime import server_epoch, server_later, server_now
 from dedup_jobs.stores.database.throttle import DatabaseThrottleMixin
+from dedup_jobs.stores.retry import AGAIN, Again, decide
 
 logger = logging.getLogger("dedup_jobs")
 
@@ -295,7 +296,8 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         held = "SELECT owner FROM {t} WHERE {k} = %s AND expires_at > {now}".format(
             now=now, **names)
         with connection.cursor() as cursor:
-            for _ in range(5):
+
+            def attempt() -> Renewed | Again:
                 cursor.execute(extend, [*until_params, *until_params, key.key, owner,
                                         *now_params])
                 if cursor.rowcount:
@@ -316,7 +318,9 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                     return Renewed(held=False, holder=str(holder))
                 if self._server_past(deadline):  # free, not taken back: late (S7)
                     raise self._refused(deadline)
-        raise StoreUnavailable(self.alias, f"lock {key.key!r} changed hands 5 times in a row")
+                return AGAIN  # changed hands in between: decide again
+
+            return decide(self.alias, key.key, attempt)
 
     def release_queued(self, key: JobKey, owner: str) -> bool:
         """One raw compare-and-delete (see :meth:`_delete_mine`), also refusing a running row."""

@@ -17,7 +17,6 @@ from django.db.models import Count, Q
 
 from dedup_jobs import clock
 from dedup_jobs.conf import app_settings
-from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.answers import ThrottleAnswer
 from dedup_jobs.stores.base import (
@@ -30,6 +29,7 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.database.models import ThrottleEntry, ThrottleKey
 from dedup_jobs.stores.database.servertime import ServerNow
+from dedup_jobs.stores.retry import AGAIN, Again, decide
 from dedup_jobs.stores.throttling import (
     ASSUMED_RUN,
     HELD_BACK,
@@ -45,8 +45,6 @@ SLOT, WAIT, START, RES = "slot", "wait", "start", "res"
 #: late admission with it changes nothing; "o:" + the owner: a re-sent release answers as the
 #: first, a late renewal never takes the slot back), as THROTTLE_RELEASE's K:done
 GRANT, DONE = "grant", "done"
-#: attempts when the key's row is created by another decision at the same time
-ATTEMPTS = 5
 
 
 def _ts(value: datetime) -> float:
@@ -77,7 +75,8 @@ class DatabaseThrottleMixin:
     def _lock_key(self, key: JobKey, limit: str, period: float, ttl: float) -> tuple[int, float]:
         """Lock the key's row (creating it if needed): (its pk, the server's now)."""
         rows = ThrottleKey.objects.using(self.using)
-        for _ in range(ATTEMPTS):
+
+        def attempt() -> tuple[int, float] | Again:
             if rows.filter(key=key.key).update(expires_at=ServerNow(ttl), limit=limit,
                                                period=period):
                 row = rows.annotate(server_now=ServerNow()).values_list(
@@ -88,8 +87,10 @@ class DatabaseThrottleMixin:
                     rows.create(key=key.key, task_name=key.task_name, ident=key.ident,
                                 limit=limit, period=period, expires_at=ServerNow(ttl))
             except IntegrityError:
-                continue  # made meanwhile: lock it
-        raise StoreUnavailable(self.alias, f"throttle key {key.key!r} kept changing")
+                pass  # made meanwhile
+            return AGAIN  # created, here or meanwhile: lock it
+
+        return decide(self.alias, key.key, attempt, kind="throttle key")
 
     def throttle_admit(
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
