@@ -8,12 +8,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
+
+if TYPE_CHECKING:
+    from dedup_jobs.stores.cache_host import CacheHost as Host
+else:
+    Host = object
 
 MUTEX_SECONDS = 5.0  # a crashed holder's debounce mutex frees itself after this
 
@@ -25,11 +30,9 @@ def due_of(state: dict[str, Any]) -> float:
     return run_at if deadline is None else min(run_at, deadline)
 
 
-class CacheDebounceMixin:
+class CacheDebounceMixin(Host):
     """The debounce helpers of :class:`~dedup_jobs.stores.cache.CacheStore`."""
 
-    alias: str
-    calls: Any
 
     @contextmanager
     def _mutex(self, key: JobKey) -> Iterator[None]:

@@ -11,13 +11,18 @@ in the rest of the store."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import QUEUED, RUNNING, Acquired, Started
 from dedup_jobs.stores.retry import AGAIN, Again, decide
+
+if TYPE_CHECKING:
+    from dedup_jobs.stores.cache_host import CacheHost as Host
+else:
+    Host = object
 
 #: replaced holders a take-over keeps (newest first): a replace storm stays cheap; an undo
 #: past them deletes the lock, as one without a chain does (the Redis scripts keep as many)
@@ -48,16 +53,9 @@ def taken_over_age(current: dict[str, Any], owner: str, now: float) -> float | N
     return None
 
 
-class CacheFlowMixin:
+class CacheFlowMixin(Host):
     """``take_over`` and ``start_exclusive`` for :class:`CacheStore`."""
 
-    alias: str
-    calls: Any
-    _mutex: Any
-    _value: Any
-    _in_time: Any
-    _tombstone_seconds: Any
-    deadline_ms: Any
 
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None

@@ -21,7 +21,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
@@ -45,6 +45,12 @@ from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import PendingDebounce
 from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
 
+if TYPE_CHECKING:
+    from dedup_jobs.stores.database.host import DatabaseHost as Host
+else:
+    Host = object
+
+
 logger = logging.getLogger("dedup_jobs")
 
 #: seconds between two sweeps of expired claim records by one store object, and the most
@@ -62,20 +68,9 @@ def claim_record_key(key: JobKey, message_id: str) -> str:
     return f"{key.key[:300]}:claimed:{hashlib.sha256(name.encode()).hexdigest()}"
 
 
-class DatabaseDebounceMixin:
+class DatabaseDebounceMixin(Host):
     """The debounce half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
 
-    alias: str
-    deadline_ms: Any
-    _deadline_param: Any
-    _refused: Any
-
-    @property
-    def using(self) -> str:
-        raise NotImplementedError
-
-    def _guard(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
 
     def _debounce_locked(self, key: JobKey, fresh: dict[str, Any], life: float) -> tuple[str, str]:
         raise NotImplementedError
@@ -235,7 +230,7 @@ class DatabaseDebounceMixin:
         return Due(action=WAIT, wait_until=row.runs_at.timestamp())
 
     def withdraw(self, key: JobKey, task_id: str) -> bool:
-        return self._guard(self._withdraw, key, task_id)  # type: ignore[no-any-return]
+        return self._guard(self._withdraw, key, task_id)
 
     def _withdraw(self, key: JobKey, task_id: str) -> bool:
         """S7: an undo, off the dispatch path: the row, locked, then its update."""
@@ -275,7 +270,7 @@ class DatabaseDebounceMixin:
             row = PendingDebounce.objects.using(self.using).pending().filter(key=key.key).first()
             return None if row is None else self._state(row)
 
-        return self._guard(read)  # type: ignore[no-any-return]
+        return self._guard(read)
 
     def iter_debounces(self, *, batch_size: int = 500) -> Iterator[DebounceState]:
         rows = PendingDebounce.objects.using(self.using).pending().order_by("runs_at", "pk")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, connections, transaction
 
@@ -36,6 +36,12 @@ from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.models import JobLock
 from dedup_jobs.stores.database.servertime import ServerNow, server_later, server_now
 from dedup_jobs.stores.retry import AGAIN, Again, decide
+
+if TYPE_CHECKING:
+    from dedup_jobs.stores.database.host import DatabaseHost as Host
+else:
+    Host = object
+
 
 #: the ``nonce`` column's length: a longer request id is not kept (matched by owner alone)
 NONCE_LENGTH = 40
@@ -92,30 +98,17 @@ def kept_request(request: str | None) -> str | None:
     return request if request and len(request) <= NONCE_LENGTH else None
 
 
-class DatabaseFlowMixin:
+class DatabaseFlowMixin(Host):
     """``take_over``, ``start_exclusive`` and ``undo`` for :class:`DatabaseStore`."""
 
-    alias: str
-    _guard: Any
-    _dialect: Any
-    _names: Any
-    _take: Any
-    _dispatch: Any
-    _refused: Any
-    _deadline_param: Any
-    _delete_mine: Any
-
-    @property
-    def using(self) -> str:
-        raise NotImplementedError
 
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
         if self._dialect() == "on_conflict" and connections[self.using].vendor in PUSHED:
-            return self._dispatch(  # type: ignore[no-any-return]
+            return self._dispatch(
                 self._take_over_upsert, key, owner, ttl, kept_request(request))
-        return self._dispatch(  # type: ignore[no-any-return]
+        return self._dispatch(
             self._take_over, key, owner, ttl, kept_request(request))
 
     def _take_over_upsert(self, key: JobKey, owner: str, ttl: float, request: str | None, *,
@@ -194,7 +187,7 @@ class DatabaseFlowMixin:
         back to a dispatch that failed (chained take-overs). A running lock is left. The
         undo leaves an expired row at ``{key}:undo`` (owner, request), so that the undo made
         again answers True, as the first did, for the release tombstone's life."""
-        return self._guard(self._undo, key, owner, kept_request(request))  # type: ignore[no-any-return]
+        return self._guard(self._undo, key, owner, kept_request(request))
 
     def _undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         rows = JobLock.objects.using(self.using)
@@ -249,7 +242,7 @@ class DatabaseFlowMixin:
         self, key: JobKey, running: JobKey, owner: str, lease: float, *, now: float,
         delivery: str | None = None,
     ) -> Started:
-        return self._dispatch(  # type: ignore[no-any-return]
+        return self._dispatch(
             self._start_exclusive, key, running, owner, lease, delivery or uuid.uuid4().hex)
 
     def _start_exclusive(

@@ -6,27 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import closing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import DebounceState, LockInfo, Page
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.search import Search
 
+if TYPE_CHECKING:
+    from dedup_jobs.stores.database.host import DatabaseHost as Host
+else:
+    Host = object
+
+
 #: rows read per fetch when the admin searches
 SEARCH_CHUNK = 2000
 
 
-class DatabaseReadingMixin:
+class DatabaseReadingMixin(Host):
     """The reading half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
-
-    alias: str
-    _guard: Any
-    _state: Any
-
-    @property
-    def using(self) -> str:
-        raise NotImplementedError
 
 
     def _info(self, row: JobLock) -> LockInfo:
@@ -46,7 +44,7 @@ class DatabaseReadingMixin:
             row = JobLock.objects.using(self.using).held().filter(key=key.key).first()
             return None if row is None else self._info(row)
 
-        return self._guard(read)  # type: ignore[no-any-return]
+        return self._guard(read)
 
     def iter_locks(self, *, batch_size: int = 500) -> Iterator[LockInfo]:
         """Every held lock, by primary key, one query per batch (keyset pagination, so
@@ -115,5 +113,5 @@ class DatabaseReadingMixin:
             return Page(items=items, total=len(found) if complete else None,
                         has_more=len(found) > offset + limit)
 
-        return self._guard(read)  # type: ignore[no-any-return]
+        return self._guard(read)
 

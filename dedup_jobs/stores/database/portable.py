@@ -12,7 +12,7 @@ the same is retried by the store's guard.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
 
@@ -23,16 +23,15 @@ from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.servertime import ServerNow, server_epoch
 from dedup_jobs.stores.retry import AGAIN, ATTEMPTS, Again, decide
 
+if TYPE_CHECKING:
+    from dedup_jobs.stores.database.host import DatabaseHost as Host
+else:
+    Host = object
 
-class RowLockingMixin:
+
+class RowLockingMixin(Host):
     """The row-locking half of :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
 
-    alias: str
-    _refused: Any
-
-    @property
-    def using(self) -> str:
-        raise NotImplementedError
 
     def _locked_take(
         self, key: JobKey, owner: str, state: str, ttl: float, *, overwrite_mine: bool,
@@ -74,7 +73,8 @@ class RowLockingMixin:
                 if not (free or (overwrite_mine and mine)):
                     return (row.owner, "live" if live and row.owner == owner else "other",
                             row.chain)
-                if late is not None and row.server_now > late:  # type: ignore[attr-defined]
+                if (late is not None and deadline is not None
+                        and row.server_now > late):  # type: ignore[attr-defined]
                     raise self._refused(deadline)
                 update = dict(values)
                 if not free:  # ours: a re-entrant acquire or a worker start keeps the chain

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import random
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
@@ -39,6 +39,11 @@ from dedup_jobs.stores.throttling import (
     margin_ms,
 )
 
+if TYPE_CHECKING:
+    from dedup_jobs.stores.database.host import DatabaseHost as Host
+else:
+    Host = object
+
 SLOT, WAIT, START, RES = "slot", "wait", "start", "res"
 #: the admission holding a slot (member: "{nonce} {owner}"), and the tombstones a release
 #: leaves for a lease (member: "n:" + the released or superseded grant's nonce: a re-sent or
@@ -58,19 +63,10 @@ def _ts(value: datetime) -> float:
 _dt = clock.db_datetime
 
 
-class DatabaseThrottleMixin:
+class DatabaseThrottleMixin(Host):
     """``throttle_*`` for :class:`~dedup_jobs.stores.database.store.DatabaseStore`."""
 
-    alias: str
-    _guard: Any
-    _dispatch: Any
-    _refused: Any
-    _server_past: Any
     can_throttle = True
-
-    @property
-    def using(self) -> str:
-        raise NotImplementedError
 
     def _lock_key(self, key: JobKey, limit: str, period: float, ttl: float) -> tuple[int, float]:
         """Lock the key's row (creating it if needed): (its pk, the server's now)."""
@@ -96,7 +92,7 @@ class DatabaseThrottleMixin:
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
         rate_period: float, lease: float,
     ) -> Admission:
-        return self._dispatch(  # type: ignore[no-any-return]
+        return self._dispatch(
             self._admit, key, owner, delivery, concurrency, rate_limit, rate_period, lease)
 
     def _admit(self, key: JobKey, owner: str, delivery: str, n: int, k: int, p: float,
@@ -220,7 +216,7 @@ class DatabaseThrottleMixin:
                            expires_at=_dt(expires))
 
     def throttle_release(self, key: JobKey, owner: str) -> bool:
-        return self._guard(self._release_slot, key, owner)  # type: ignore[no-any-return]
+        return self._guard(self._release_slot, key, owner)
 
     def _release_slot(self, key: JobKey, owner: str) -> bool:
         rows = ThrottleKey.objects.using(self.using)
@@ -247,7 +243,7 @@ class DatabaseThrottleMixin:
             return True
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
-        return self._dispatch(  # type: ignore[no-any-return]
+        return self._dispatch(
             self._renew_slot, key, owner, ttl, limit)
 
     def _renew_slot(self, key: JobKey, owner: str, ttl: float, limit: int, *,
