@@ -1,7 +1,7 @@
 """Fixtures of the Redis Cluster tests (S5, S6): a Redis 7 cluster and a Valkey 8 cluster of
 the tests' own for the whole run (three primaries, one replica each; tests/cluster/servers.py),
 and a ``store_name`` fixture that makes DEDUP_JOBS["STORE"] a CACHES alias on each of them, so
-that the store-contract tests imported into tests/cluster/test_contract.py run on both."""
+that the store-contract tests collected into tests/cluster/test_contract.py run on both."""
 
 from __future__ import annotations
 
