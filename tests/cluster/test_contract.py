@@ -31,10 +31,20 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from _pytest.fixtures import FixtureFunctionDefinition
 from django.test import override_settings
 
 from dedup_jobs.stores import get_store
+
+
+def is_fixture(value: object) -> bool:
+    """A pytest fixture function: its definition object (pytest 8.4 and later) or the marked
+    function of older releases."""
+    try:
+        from _pytest.fixtures import FixtureFunctionDefinition
+    except ImportError:  # pytest < 8.4
+        return hasattr(value, "_pytestfixturefunction")
+    return isinstance(value, FixtureFunctionDefinition)
+
 
 #: the modules whose store-taking tests make the store contract (CONTRIBUTING.md, "The store
 #: contract suite"); tests/test_idempotent.py takes the Redis family (``family_store``)
@@ -129,7 +139,7 @@ def _reaches_a_store(names: set[str], module: ModuleType, seen: frozenset[str] =
     for name in names - seen:
         for where in (module, tests.conftest):
             fixture = getattr(where, name, None)
-            if isinstance(fixture, FixtureFunctionDefinition):
+            if is_fixture(fixture):
                 if _reaches_a_store(_fixtures_taken(fixture), module, seen | names):
                     return True
                 break
@@ -149,7 +159,7 @@ def runs_on_a_cluster(test: Callable[..., Any]) -> bool:
     module defines is one this directory supplies too."""
     module = importlib.import_module(test.__module__)
     own = {name for name in _fixtures_taken(test)
-           if isinstance(getattr(module, name, None), FixtureFunctionDefinition)}
+           if is_fixture(getattr(module, name, None))}
     return (f"{test.__module__}.{test.__name__}" not in NOT_ON_A_CLUSTER
             and bool(_fixtures_taken(test) & CLUSTER_FIXTURES) and own <= CLUSTER_FIXTURES)
 
