@@ -100,3 +100,27 @@ def test_a_lease_due_sooner_still_wakes_the_thread_and_is_renewed(redis_store: A
         redis_store.release(short_key, "due-short")
     redis_store.release(key, "due-long")
     assert lock is not None and lock.owner == "due-short"
+
+
+class Idle(LeaseKeeper):
+    """A LeaseKeeper whose thread never renews anything (it only waits)."""
+
+    def _tick(self) -> None:
+        time.sleep(0.01)
+
+
+def test_a_grant_from_a_re_sent_check_is_renewed_before_the_body_runs(redis_store: Any) -> None:
+    """W4/W7 (issue 21 case 3): a deferred copy re-sends its check with the same nonce; the
+    store answers as the first call did, without extending what that call took, which may
+    have little life left. Its first renewal must land before the body runs, not race it on
+    the lease thread: seen in CI, the running marker lapsed 0.1 s into the body and another
+    run of the key started. The keeper's thread here renews nothing, so only a renewal made
+    before the block starts can extend the lock."""
+    key = jobs.unique_sleep.job_key(("resent",), {})
+    redis_store.acquire(key, "resent", 0.5, now=clock.now())  # 500 ms of life left
+    keeper = Idle()
+    with keeper.hold(redis_store, key, "resent", 60, sender=type(jobs.unique_sleep),
+                     renew_at_once=True):
+        life = redis_store.get(key).expires_at - time.time()
+    redis_store.release(key, "resent")
+    assert life > 30, f"the lock had {life:.2f} s left when the body started"

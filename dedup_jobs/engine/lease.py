@@ -118,11 +118,13 @@ class LeaseKeeper:
         With ``resend`` the grant is unknown (W4): it is re-sent first (see the module's
         text); the lease yielded tells in ``granted`` what the caller has to release.
         ``renew_at_once``: the grant came from a re-sent call, whose answer (the first
-        one's, S7) may not have extended it: the first renewal is not put off a third."""
+        one's, S7) may not have extended it, so little of it may be left: it is renewed here,
+        before the block runs, not on the lease thread racing it."""
         now = time.monotonic()
+        inline = renew_at_once and resend is None
         lease = _Lease(store=store, key=key, owner=owner, ttl=ttl, sender=sender,
                        delivery=delivery, slot_limit=slot_limit,
-                       due=now if resend is not None or renew_at_once else now + ttl / 3,
+                       due=now if resend is not None else now + ttl / 3,
                        resend=resend,
                        granted=None if resend is not None else True)
         with self._mutex:
@@ -137,6 +139,8 @@ class LeaseKeeper:
         if wake:
             self._bell.ring()
         try:
+            if inline:
+                self._renew(token, lease)
             yield lease
         finally:
             self._stop(token)

@@ -290,7 +290,8 @@ class UniqueJob(DedupJob):
         held: Any = None
         try:
             with leases.hold(store, key, owner, lease, sender=type(self),
-                             delivery=admitted.delivery, resend=admitted.resend) as held:
+                             delivery=admitted.delivery, resend=admitted.resend,
+                             renew_at_once=admitted.resent) as held:
                 result = self.run(*args, **kwargs)
         except Retry:
             raise  # the retry was published with the lock kept for it
