@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 from django.core.cache import caches
 
 from tests import jobs_debounce as jobs
-from tests.workers import thread_worker, wait_for
+from tests.workers import thread_worker, wait_for, wait_idle
 
 pytestmark = [pytest.mark.redis, pytest.mark.worker]
 
@@ -52,7 +52,7 @@ def test_superseded_chain_head_does_not_continue(app: Any, store_name: str) -> N
         with pytest.raises(TaskRevokedError, match=winner.id):
             tail.get(timeout=5)
         assert tail.parent is not None and tail.parent.get(timeout=5) == 2
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("link") == [[1, 2]]
     assert jobs.values("step") == []
 
@@ -84,7 +84,7 @@ def test_only_the_last_of_several_chains_continues(app: Any, store_name: str) ->
             _revoked(tail, naming=heads[2].id)
         _revoked(tails[1], naming=heads[0].id)  # the run: the burst's message
         assert [h.get(timeout=5) for h in heads if h is not None] == [3, 3, 3]
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("link") == [[3, 3]]
     assert jobs.values("step") == [["tail-3", 3]]
 
@@ -100,7 +100,7 @@ def test_later_link_is_debounced(app: Any, store_name: str) -> None:
         assert winner.get(timeout=15) == 2
         _revoked(tail, naming=winner.id)
         assert tail.parent is not None and tail.parent.get(timeout=5) == 2
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("link") == [[4, 2]]
     assert jobs.values("step") == [["first", None]]
 
@@ -142,7 +142,7 @@ def test_failed_run_fails_the_winning_chain(app: Any, store_name: str) -> None:
         assert won.state == states.FAILURE
         assert won.parent is not None
         _revoked(lost, naming=won.parent.id)
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("link") == [[7, -1]]
     assert jobs.values("step") == []
 
@@ -159,7 +159,7 @@ def test_cancelled_burst_ends_every_chain(app: Any, store_name: str) -> None:
             assert tail.parent is not None
             with pytest.raises(TaskRevokedError):
                 tail.parent.get(timeout=5)
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("link") == []
     assert jobs.values("step") == []
 
@@ -186,7 +186,7 @@ def test_retried_run_continues_the_winning_chain(app: Any, store_name: str) -> N
         assert won.get(timeout=15) == "won:2"
         assert won.parent is not None
         _revoked(lost, naming=won.parent.id)
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: a tail that wrongly continued has run
     assert jobs.values("retry") == [[2, 0], [2, 1]]
     assert jobs.values("step") == [["won", 2]]
 

@@ -14,7 +14,7 @@ from dedup_jobs.signals import job_debounced
 from dedup_jobs.stores.database.models import PendingDebounce
 from tests import jobs_debounce as jobs
 from tests.conftest import database_alias
-from tests.workers import thread_worker, wait_for
+from tests.workers import thread_worker, wait_for, wait_idle
 
 pytestmark = [pytest.mark.redis, pytest.mark.worker]
 
@@ -106,7 +106,7 @@ def test_lost_state_fails_open(app: Any, store_name: str, redis_client: Any) -> 
         assert single.get(timeout=15) == 10
         assert burst[0].get(timeout=15) == 20
         assert [r.get(timeout=15) for r in after] == [23, 23]
-        time.sleep(0.5)
+        wait_idle(app)  # nothing left to run: an extra run would have happened by now
     assert sorted(jobs.values("record")) == [[1, 10], [2, 20], [2, 23]]
 
 
@@ -128,7 +128,7 @@ def test_ignore_result_stores_nothing(app: Any, redis_client: Any) -> None:
     with thread_worker(app):
         results = [jobs.debounce_quiet.delay(1, value) for value in range(3)]
         wait_for(lambda: jobs.values("quiet"), timeout=15)
-        time.sleep(0.3)
+        wait_idle(app)  # nothing left to run: an extra run would have happened by now
     assert jobs.values("quiet") == [2]
     assert [backend.exists(f"celery-task-meta-{r.id}") for r in results] == [0, 0, 0]
 
@@ -205,7 +205,7 @@ def test_messages_per_burst_are_bounded(app: Any) -> None:
             results = [jobs.debounce_record.delay(2, value) for value in range(300)]
             assert results[0].get(timeout=15) == 299
             assert results[-1].get(timeout=5) == 299
-            time.sleep(0.5)
+            wait_idle(app)  # nothing left to run or to publish
     finally:
         after_task_publish.disconnect(on_publish)
     assert 1 <= published.count("tests.debounce_record") <= 3

@@ -26,7 +26,7 @@ from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import running_key
 from tests import contention, jobs, jobs_flow
 from tests.test_stores import MEMORY, delta, load_scripts
-from tests.workers import process_worker, thread_worker, wait_for
+from tests.workers import process_worker, thread_worker, wait_for, wait_idle
 
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
@@ -99,7 +99,8 @@ def test_replace_storm_one_owner_one_run(app: Any, store: str) -> None:
             assert "replaced by task" in str(result.result)
         with process_worker(concurrency=4, env=env):
             value = task.AsyncResult(owner).get(timeout=60)
-            time.sleep(2)  # the replaced messages reach the worker meanwhile
+            # every replaced message reached the worker and ended (skipped, not run)
+            wait_idle(app, remote=True)
         assert _records("replace_latest") == [(7, value)]
         assert ids.index(owner) == value
         assert all(task.AsyncResult(t).state == REVOKED for t in replaced)

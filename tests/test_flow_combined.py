@@ -15,7 +15,7 @@ from celery.states import REVOKED
 from dedup_jobs.signals import job_deferred
 from dedup_jobs.stores.base import running_key
 from tests import jobs, jobs_flow
-from tests.workers import thread_worker, wait_for
+from tests.workers import thread_worker, wait_for, wait_idle
 
 pytestmark = pytest.mark.redis
 
@@ -40,7 +40,7 @@ def test_replace_with_without_overlapping_runs_the_latest_after_the_run(app: Any
                 time.sleep(0.2)
             assert not any(r.deduplicated for r in later)  # each replaced the waiting one
             assert later[-1].get(timeout=30) == 4 and first.get(timeout=30) == 0
-            time.sleep(1)  # the replaced copies' re-published messages come back meanwhile
+            wait_idle(app)  # the replaced copies' re-published messages came back and ended
         replaced = [waiting, *later[:-1]]
         assert [r.state for r in replaced] == [REVOKED] * len(replaced)
         runs = sorted((literal_eval(v) for v in jobs.runs("keep_last")), key=lambda r: r[2])

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from celery.exceptions import TaskRevokedError
+from celery.worker import state as worker_state
 
 from dedup_jobs.signals import lock_released
 from tests import jobs
@@ -138,7 +138,8 @@ def test_retry_without_throw_hands_the_lock_to_the_retry(app: Any, store_name: s
     result = jobs.unique_retry_nothrow.delay(13)
     with thread_worker(app):
         wait_for(lambda: len(jobs.runs("unique_retry_nothrow")) == 1)
-        time.sleep(0.5)  # the first attempt has returned; its retry waits 1 s
+        # the first attempt has returned (its request left the worker); its retry waits 1 s
+        wait_for(lambda: not any(r.id == result.id for r in worker_state.active_requests))
         during = jobs.unique_retry_nothrow.delay(13)
         assert during.deduplicated is True and during.id == result.id
         wait_for(lambda: len(jobs.runs("unique_retry_nothrow")) == 2)

@@ -80,3 +80,57 @@ def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.05) -> A
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {predicate}")
         time.sleep(interval)
+
+
+def _broker_idle(app: Any) -> bool:
+    """No message of the test queue waits on the Redis broker, none is delivered unacked."""
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        client = channel.client
+        return not client.llen(app.conf.task_default_queue) and not client.hlen(
+            channel.unacked_key)
+
+
+def _requests_in_process() -> int:
+    """Requests an in-process worker holds: scheduled (countdown/ETA), reserved, running."""
+    from celery.worker import state
+
+    return (len(state.reserved_requests) + len(state.active_requests)
+            + len(getattr(state, "scheduled_requests", ())))
+
+
+def _requests_remote(app: Any) -> int | None:
+    """Requests the one subprocess worker reports (inspect); None when it did not answer."""
+    inspect = app.control.inspect(timeout=2.0, limit=1)
+    total = 0
+    for query in (inspect.active, inspect.reserved, inspect.scheduled):
+        replies = query()
+        if not replies:
+            return None
+        total += sum(len(requests) for requests in replies.values())
+    return total
+
+
+def _idle(app: Any, remote: bool) -> bool:
+    # In the order a message moves (queue, unacked, the worker): a message found nowhere in
+    # one pass had already ended when its stage was looked at.
+    if not _broker_idle(app):
+        return False
+    return (_requests_remote(app) if remote else _requests_in_process()) == 0
+
+
+def wait_idle(app: Any, timeout: float = 20.0, *, remote: bool = False) -> None:
+    """Poll until the worker has nothing left to do: nothing on the Redis broker's test
+    queue, nothing delivered unacked, no request scheduled, reserved or running in the worker
+    (in this process, or the one subprocess worker through ``inspect`` with ``remote``).
+    Twice in a row: a run that ended during the first pass may have published a message
+    (a chain's next link, a retry, a re-schedule) behind it. A test that asserts something
+    did *not* run waits here instead of for a fixed time: once idle, nothing more can run."""
+    deadline = time.monotonic() + timeout
+    idle_passes = 0
+    while idle_passes < 2:
+        idle_passes = idle_passes + 1 if _idle(app, remote) else 0
+        if idle_passes < 2:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the worker was not idle within {timeout}s")
+            time.sleep(0.05)
