@@ -298,7 +298,15 @@ def test_every_pool_keeps_the_lock_of_a_body_that_never_yields(
                 for pool in POOLS}
     results = {pool: jg.guard_busy.apply_async((names[pool], 2 * LEASE_SECONDS), queue=queue)
                for pool, queue in pool_queues.items()}
-    wait_for(lambda: all(jg.runs(name) for name in names.values()), timeout=30)
+    seen: dict[str, float] = {}  # when each body was first seen running (monotonic)
+
+    def all_started() -> bool:
+        for pool, name in names.items():
+            if pool not in seen and jg.runs(name):
+                seen[pool] = time.monotonic()
+        return len(seen) == len(POOLS)
+
+    wait_for(all_started, timeout=30, interval=0.02)
     lowest = {pool: 10**9 for pool in POOLS}
     duplicates = {pool: 0 for pool in POOLS}
     published = {pool: 0 for pool in POOLS}
@@ -315,6 +323,10 @@ def test_every_pool_keeps_the_lock_of_a_body_that_never_yields(
         if time.monotonic() - last_dispatch > 1.0:
             last_dispatch = time.monotonic()
             for pool in running:
+                if time.monotonic() > seen[pool] + 2 * LEASE_SECONDS - 1.0:
+                    # its body ends within the second: a dispatch may rightly find the lock
+                    # released (seen in CI: solo, published once, lowest PTTL 1.9 s)
+                    continue
                 dup = jg.guard_busy.apply_async((names[pool], 0.0), queue=pool_queues[pool])
                 duplicates[pool] += 1
                 published[pool] += not dup.deduplicated
