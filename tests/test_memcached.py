@@ -266,7 +266,21 @@ def _pause(server: MemcachedServer) -> Any:
     import signal
 
     os.kill(server.pid, signal.SIGSTOP)
+    # The signal is delivered asynchronously: a server busy on the other core may still answer
+    # the next call (seen once in CI: DID NOT RAISE). Go on once the kernel says it is stopped.
+    deadline = time.monotonic() + 5.0
+    while _state(server.pid) not in ("T", "t") and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert _state(server.pid) in ("T", "t"), "memcached did not stop"
     return lambda: os.kill(server.pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    """The process state letter of /proc/<pid>/stat (T: stopped by a signal)."""
+    from pathlib import Path
+
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
 
 
 CALLS: dict[str, Callable[[BaseStore, JobKey], Any]] = {
