@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -352,8 +353,19 @@ def check_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return messages
 
 
+def check_django_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """K3: unique Django tasks whose backend's worker cannot run the worker-side check (only
+    when a module of this process made one: Django tasks are not discovered like Celery's)."""
+    if "dedup_jobs.django_tasks.tasks" not in sys.modules:
+        return []
+    from dedup_jobs.django_tasks.checks import check_backends
+
+    return check_backends(_warning)
+
+
 def register() -> None:
     checks.register(check_settings, "dedup_jobs")
+    checks.register(check_django_tasks, "dedup_jobs")
     checks.register(check_stores, "dedup_jobs")
     checks.register(check_jobs, "dedup_jobs")
     checks.register(check_debounce, "dedup_jobs")

@@ -1,4 +1,5 @@
-"""Signals sent by dedup_jobs. Every signal is sent with ``sender=`` the task class and
+"""Signals sent by dedup_jobs. Every signal is sent with ``sender=`` the task class (for a
+Django task, SPEC K4: the task itself) and
 keyword arguments only, among them ``observed``: False, or True when the decision was only
 observed (observe-only mode, R3: reported, nothing dropped, deferred, replaced or raised)."""
 
@@ -48,7 +49,7 @@ unique_job_replaced = Signal()
 job_deferred = Signal()
 
 
-def notify(signal: Signal, sender: type, **kwargs: Any) -> None:
+def notify(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send one of our signals without letting a failing receiver break the lock's life
     cycle (a raising receiver between taking a lock and publishing would otherwise leave a
     lock with nothing queued): receivers' errors are logged on the dedup_jobs logger. Every

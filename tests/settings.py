@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
@@ -40,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "dedup_jobs",
+    "django_tasks_db",
     "tests",
 ]
 MIDDLEWARE = [
@@ -130,3 +132,10 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", f"{REDIS_URL}/10")
 CELERY_RESULT_BACKEND = f"{REDIS_URL}/11"
 
 SILENCED_SYSTEM_CHECKS = ["dedup_jobs.W002"]
+
+# Django's task framework (SPEC §11): django.tasks on Django 6, the backport on 5.2
+_TASKS_PACKAGE = "django.tasks" if importlib.util.find_spec("django.tasks") else "django_tasks"
+TASKS = {
+    "default": {"BACKEND": f"{_TASKS_PACKAGE}.backends.immediate.ImmediateBackend"},
+    "db": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+}

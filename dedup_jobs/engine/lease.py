@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.engine import native
@@ -54,7 +55,7 @@ class _Lease:
     key: JobKey
     owner: str
     ttl: float
-    sender: type  # the task class: sender of lock_lost
+    sender: Any  # the task class (a Django task: the task): sender of lock_lost
     delivery: str | None  # the nonce of this delivery's start (W5), kept when taken back
     slot_limit: int = 0  # T2: a concurrency slot of a throttle key (of this many), not a lock
     due: float = field(default=0.0)  # time.monotonic() of the next renewal
@@ -107,7 +108,7 @@ class LeaseKeeper:
 
     @contextmanager
     def hold(
-        self, store: BaseStore, key: JobKey, owner: str, ttl: float, *, sender: type,
+        self, store: BaseStore, key: JobKey, owner: str, ttl: float, *, sender: Any,
         delivery: str | None = None, slot_limit: int = 0,
         resend: Callable[[BaseStore], bool] | None = None, renew_at_once: bool = False,
     ) -> Iterator[_Lease]:

@@ -1,0 +1,110 @@
+"""Django tasks for the tests of dedup_jobs.django_tasks (SPEC §11): on the default backend
+(ImmediateBackend) and on "db" (django-tasks-db's DatabaseBackend, run by real db_worker
+processes in tests/test_django_tasks_workers.py). Runs are recorded in Redis (db 12, the
+tests' runs database), so a test in another process can count them."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from dedup_jobs.django_tasks import unique, unique_until_processing
+from tests import jobs
+
+try:
+    from django.tasks import task  # type: ignore[import-not-found,unused-ignore]
+    from django.tasks.backends.base import (  # type: ignore[import-not-found,unused-ignore]
+        BaseTaskBackend as _BaseBackend,
+    )
+    from django.tasks.signals import task_enqueued  # type: ignore[import-not-found,unused-ignore]
+except ImportError:
+    from django_tasks import task  # type: ignore[no-redef,unused-ignore]
+    from django_tasks.backends.base import (  # type: ignore[no-redef,unused-ignore]
+        BaseTaskBackend as _BaseBackend,
+    )
+    from django_tasks.signals import task_enqueued  # type: ignore[no-redef,unused-ignore]
+
+__all__ = ["task", "task_enqueued"]
+
+BACKEND = os.environ.get("DEDUP_TASKS_BACKEND", "default")
+
+
+def _run(name: str, value: Any) -> Any:
+    jobs.record(name, value)
+    return value
+
+
+def _hold(token: str) -> None:
+    """Mark ``token`` running and wait until the test says go (at most 60 s)."""
+    client = jobs.runs_client()
+    client.set(f"running:{token}", "1")
+    deadline = time.monotonic() + 60
+    while not client.exists(f"go:{token}") and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@unique(unique_for=600)
+@task(backend=BACKEND)
+def indexed(product_id: int, note: str = "") -> int:
+    _run(f"indexed:{product_id}", note or product_id)
+    return product_id
+
+
+@unique(unique_on=("product_id",), on_duplicate="raise")
+@task(backend=BACKEND)
+def raising(product_id: int, note: str = "") -> int:
+    return int(_run(f"raising:{product_id}", product_id))
+
+
+@unique(unique_id=lambda account, **_: f"account-{account}")
+@task(backend=BACKEND, takes_context=True)
+def with_context(context: Any, account: int, extra: int = 0) -> str:
+    return str(_run(f"with_context:{account}", context.task_result.id))
+
+
+@unique()
+@task(backend=BACKEND)
+def failing(token: str) -> None:
+    _run(f"failing:{token}", token)
+    raise RuntimeError(f"failing {token}")
+
+
+@unique()
+@task(backend=BACKEND)
+def held(token: str) -> str:
+    _hold(token)
+    return str(_run(f"held:{token}", token))
+
+
+@unique_until_processing(unique_on=("token",))
+@task(backend=BACKEND)
+def until_processing_held(token: str, note: str = "") -> str:
+    _hold(f"{token}:{note}")
+    return str(_run(f"until_processing_held:{token}", note))
+
+
+@unique_until_processing()
+@task(backend=BACKEND)
+def until_processing(token: str) -> str:
+    return str(_run(f"until_processing:{token}", token))
+
+
+@task(backend=BACKEND)
+def plain(token: str) -> str:
+    return str(_run(f"plain:{token}", token))
+
+
+
+
+class UncheckedBackend(_BaseBackend):  # type: ignore[misc,valid-type]
+    """A backend whose (imaginary) worker calls the function itself, not Task.call."""
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        raise NotImplementedError
+
+
+@unique()
+@task(backend="db")
+def on_unchecked(token: str) -> str:
+    return token
