@@ -24,7 +24,8 @@ else:
         "HOST": PG_HOST, "PORT": 5432,
     }}
 
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+         "db": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 DEDUP_JOBS = {
     "STORE": os.environ.get("DEDUP_TASKS_STORE", "database"),
     "LEASE_SECONDS": float(os.environ.get("DEDUP_TASKS_LEASE", "60")),

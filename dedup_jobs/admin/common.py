@@ -13,6 +13,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.http import urlencode
 
 from dedup_jobs import clock
+from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.exceptions import DedupError, StoreUnavailable
 from dedup_jobs.jobs import registry
 from dedup_jobs.stores import DATABASE, get_store
@@ -193,6 +194,7 @@ def listing(
     aliases: list[str],
     choice: StoreChoice,
     read: str,
+    more_names: tuple[str, ...] = (),
 ) -> tuple[Page[Any] | None, float, dict[str, Any]]:
     """Read one page (``read`` names the store's ``lock_page``/``debounce_page``) for the
     query's job, search and page number; returns it, the time used, and the context shared by
@@ -227,6 +229,7 @@ def listing(
             return page, now, {"redirect": url}
     jobs_of_kind = [j.name for j in jobs
                     if j.dedup_kind == kind or (kind == "throttle" and j.throttled())]
+    jobs_of_kind += more_names  # K4: unique Django tasks, by module path
     context = {
         "store": choice,
         "job": job,
@@ -260,5 +263,8 @@ def redirect_to(shared: dict[str, Any]) -> HttpResponse | None:
 
 
 def listed_jobs() -> tuple[list[Any], list[str]]:
+    """The registered Celery dedup jobs, and the stores to list: theirs and those of the
+    unique Django tasks made in this process (K4)."""
     jobs = registry.dedup_jobs()
-    return jobs, registry.store_aliases(jobs)
+    extra = [task.dedup.store_alias() for task in django_tasks.unique_tasks()]
+    return jobs, list(dict.fromkeys([*registry.store_aliases(jobs), *extra]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dedup_jobs.conf import app_settings
+from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.jobs.base import DedupJob
 
 
@@ -55,6 +56,17 @@ def badges(job: DedupJob | None) -> list[Badge]:
             f"observe_only ({why}): decisions are reported, nothing is dropped, deferred or "
             f"replaced (R3)")))
     return shown
+
+
+def framework_badges(task_name: str) -> list[Badge]:
+    """K4: the badge of a lock held by a unique Django task (its owner is the task
+    backend's result id, not a Celery task id); [] for anything else."""
+    task = django_tasks.find(task_name)
+    if task is None:
+        return []
+    return [Badge(label="Django task", css="framework", meaning=(
+        f"a Django task ({django_tasks.kind_label(task)}) on the task backend "
+        f"{task.backend!r}: its owner is that backend's result id"))]
 
 
 def option_lines(job: DedupJob) -> list[str]:

@@ -1,4 +1,5 @@
-"""*Job classes*: every dedup job registered with the Celery app, with its settings."""
+"""*Job classes*: every dedup job registered with the Celery app, with its settings, and every
+unique Django task made in this process (K4)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.template.response import TemplateResponse
 from dedup_jobs.admin import flow
 from dedup_jobs.admin.common import PageAdmin, duration
 from dedup_jobs.conf import app_settings
+from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.jobs import registry
 from dedup_jobs.jobs.base import DedupJob
 
@@ -85,6 +87,29 @@ def describe(job: DedupJob) -> dict[str, Any]:
     }
 
 
+def describe_task(task: Any) -> dict[str, Any]:
+    """K4: a unique Django task, in the columns of a job (its kind says the framework)."""
+    options = task.dedup
+    try:
+        store = options.store_alias()
+    except Exception as exc:
+        store = f"error: {exc}"
+    if options.unique_id is not None:
+        fields = "unique_id()"
+    elif options.unique_on:
+        fields = ", ".join(options.unique_on)
+    else:
+        names = list(options.signature.parameters)
+        fields = f"all arguments ({', '.join(names)})" if names else "no arguments (one key)"
+    return {
+        "name": options.label, "kind": django_tasks.kind_label(task), "store": store,
+        "unique_for": _seconds(options.unique_for, app_settings.DEFAULT_UNIQUE_FOR),
+        "debounce_for": "", "max_wait": "", "key_fields": fields,
+        "on_duplicate": options.on_duplicate, "flow": [], "concurrency": "", "throttle": "",
+        "throttle_key": "", "path": f"{options.label} (backend {task.backend!r})",
+    }
+
+
 class JobClassAdmin(PageAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -92,5 +117,6 @@ class JobClassAdmin(PageAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         rows = [describe(job) for job in registry.dedup_jobs()]
+        rows += [describe_task(task) for task in django_tasks.unique_tasks()]
         context = self.page_context(request, "Job classes", rows=rows, **(extra_context or {}))
         return TemplateResponse(request, "admin/dedup_jobs/job_classes.html", context)

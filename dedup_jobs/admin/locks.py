@@ -26,6 +26,7 @@ from dedup_jobs.admin.common import (
     redirect_to,
     when,
 )
+from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.jobs import registry
 from dedup_jobs.jobs.base import DedupJob
 from dedup_jobs.keys import JobKey
@@ -71,7 +72,7 @@ def _row(
     job = jobs.get(lock.task_name)
     return {
         "lock": lock,
-        "badges": flow.badges(job),
+        "badges": flow.badges(job) if job is not None else flow.framework_badges(lock.task_name),
         # R2: the running marker of an until-processing job (its lock went as the run began)
         "marker": lock.state == RUNNING and lock.key.endswith(":run")
         and job is not None and flow.overlap_guarded(job),
@@ -113,7 +114,9 @@ class JobLockAdmin(ActionPageAdmin):
                 released += 1
                 job = registry.job_named(item.task_name)
                 lock_released.send(
-                    sender=type(job) if job is not None else DedupJob,
+                    # K4: a Django task is its own sender
+                    sender=type(job) if job is not None
+                    else django_tasks.find(item.task_name) or DedupJob,
                     key=item.key,
                     owner=item.owner,
                     store=store.alias,
@@ -188,6 +191,7 @@ class JobLockAdmin(ActionPageAdmin):
             aliases=aliases,
             choice=choice,
             read="lock_page",
+            more_names=tuple(t.dedup.label for t in django_tasks.unique_tasks()),
         )
         if (moved := redirect_to(shared)) is not None:
             return moved

@@ -50,6 +50,7 @@ class _Undo:
     until: float  # time.monotonic() after which the entry has expired by itself
     give_up: Callable[[], None] | None = None  # what is still owed then (a result to mark)
     group: int  # the store it calls (its identity): a failure puts off that store's only
+    database: bool = False  # it calls the database store (the thread's connection is closed)
 
 
 class Rollbacks:
@@ -71,7 +72,8 @@ class Rollbacks:
         ``store``: the store object ``call`` talks to (undos of one store wait for each
         other; ``call`` holds it, so its identity is not reused while the undo waits)."""
         undo = _Undo(what=what, call=call, until=time.monotonic() + lifetime,
-                     give_up=give_up, group=id(store))
+                     give_up=give_up, group=id(store),
+                     database=getattr(store, "alias", None) == "database")
         with self._mutex:
             if len(self._pending) >= MAX_PENDING:
                 dropped = self._pending.popleft()
@@ -99,6 +101,10 @@ class Rollbacks:
                 wait = None  # idle: sleep until the next add()
                 continue
             down = self._round(batch)
+            if any(undo.database for undo in batch):
+                from django.db import connections
+
+                connections.close_all()  # this thread's own: not held between rounds
             if down:
                 # A store still cannot answer: try again later (one failing call per store
                 # and round, not one per pending undo, while it is down).

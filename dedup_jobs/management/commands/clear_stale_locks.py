@@ -11,6 +11,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dedup_jobs import clock
+from dedup_jobs.conf import app_settings
+from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.engine import debounce
 from dedup_jobs.exceptions import DedupError, StoreUnavailable
 from dedup_jobs.jobs import bursts, registry
@@ -108,16 +110,21 @@ class Command(BaseCommand):
         if yes and not remove_all:
             raise CommandError("--yes only confirms --all; drop it or add --all.")
         jobs = registry.dedup_jobs()
-        if job is not None and job not in {j.name for j in jobs}:
-            names = ", ".join(j.name for j in jobs) or "none registered"
-            raise CommandError(f"--job {job!r} is not a registered dedup job (known: {names}).")
+        tasks = django_tasks.unique_tasks()
+        if job is not None and job not in {j.name for j in jobs} and (
+                django_tasks.find(job) is None):
+            names = ", ".join([*(j.name for j in jobs), *(t.dedup.label for t in tasks)])
+            raise CommandError(f"--job {job!r} is not a registered dedup job or unique Django "
+                               f"task (known: {names or 'none registered'}).")
         self.dry_run, self.job, self.verbosity = dry_run, job, verbosity
         self.older_than, self.remove_all = older_than, remove_all
-        self.senders = {j.name: type(j) for j in jobs}
+        self.senders: dict[str, Any] = {j.name: type(j) for j in jobs}
+        self.senders.update({t.dedup.label: t for t in tasks})  # K4: a Django task itself
         self.owner_states = OwnerStates(registry.celery_app())
         self.presence = Presence(registry.celery_app(), timeout=inspect_timeout)
         self.totals: Counter[str] = Counter()
-        aliases = [store] if store else registry.store_aliases(jobs)
+        aliases = [store] if store else list(dict.fromkeys(
+            [*registry.store_aliases(jobs), *(t.dedup.store_alias() for t in tasks)]))
         for alias in aliases:
             self._store(alias, explicit=store is not None)
         self._summary()
@@ -206,6 +213,7 @@ class Command(BaseCommand):
             for lock in queued:
                 self._remove(target, lock, "--all (queued, not running)")
             return
+        queued = self._django_tasks(target, queued)
         finished = self.owner_states.finished([lock.owner for lock in queued])
         old: list[LockInfo] = []
         for lock in queued:
@@ -227,6 +235,35 @@ class Command(BaseCommand):
             self.totals["kept: owner on a worker or queue"] += len(
                 [lock for lock in old if lock.owner in seen]
             )
+
+    def _django_tasks(self, target: BaseStore, locks: list[LockInfo]) -> list[LockInfo]:
+        """K4: the locks of unique Django tasks, decided by their task backend's result (a
+        finished result, or none at all once the lock is older than LEASE_SECONDS: an
+        enqueue that died before its commit); the other locks, for Celery's backend."""
+        rest: list[LockInfo] = []
+        now = clock.now()
+        for lock in locks:
+            task = django_tasks.find(lock.task_name)
+            if task is None:
+                rest.append(lock)
+                continue
+            self.senders.setdefault(lock.task_name, task)
+            try:
+                state = django_tasks.finished(task, lock.owner, acquired_at=lock.acquired_at,
+                                              not_found_after=app_settings.LEASE_SECONDS,
+                                              now=now)
+            except Exception as exc:
+                self._say(f"kept {printable(lock.task_name)}[{printable(lock.ident)}]: its "
+                          f"task backend could not be read ({exc})", level=2)
+                self.totals["kept: task backend unavailable"] += 1
+                continue
+            if state is None:
+                self.totals["kept: owner pending"] += 1
+            elif state == "not found":
+                self._remove(target, lock, "owner task not found in its task backend")
+            else:
+                self._remove(target, lock, f"owner task finished ({state})")
+        return rest
 
     # -- output -------------------------------------------------------------------------
 

@@ -1,0 +1,72 @@
+"""The unique Django tasks this process knows, for the admin and ``clear_stale_locks`` (K4):
+the ones made here (:data:`dedup_jobs.django_tasks.tasks.made`), and one a lock names by its
+module path, imported when that path is in an installed app."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.apps import apps
+from django.utils.module_loading import import_string
+
+from dedup_jobs.django_tasks import compat
+from dedup_jobs.django_tasks.tasks import UniqueTaskMixin, made
+
+logger = logging.getLogger("dedup_jobs")
+
+KIND_LABELS = {False: "unique (Django task)", True: "unique until processing (Django task)"}
+
+
+def unique_tasks() -> list[Any]:
+    """Every unique Django task made in this process, one per module path, by path."""
+    by_label = {task.dedup.label: task for task in made}
+    return [by_label[label] for label in sorted(by_label)]
+
+
+def find(name: str) -> Any | None:
+    """The unique Django task whose module path is ``name``, or None (a Celery job's name,
+    or a path outside the installed apps, which is never imported)."""
+    for task in made:
+        if task.dedup.label == name:
+            return task
+    module = name.rpartition(".")[0]
+    if not module or not any(module == app.name or module.startswith(f"{app.name}.")
+                             for app in apps.get_app_configs()):
+        return None
+    try:
+        found = import_string(name)
+    except ImportError:
+        return None
+    return found if isinstance(found, UniqueTaskMixin) else None
+
+
+def kind_label(task: Any) -> str:
+    return KIND_LABELS[task.dedup.release_on_start]
+
+
+def finished(task: Any, owner: str, *, not_found_after: float, acquired_at: float,
+             now: float) -> str | None:
+    """The status that makes ``owner``'s result finished (``SUCCESSFUL``, ``FAILED``), "not
+    found" for a result that no backend keeping results has once the lock is older than
+    ``not_found_after`` seconds (an enqueue that died before its commit), else None (pending,
+    or no backend that keeps results). The task's own backend is asked first, then every
+    other one configured (``using(backend=...)`` may have enqueued it elsewhere; result ids
+    are unique)."""
+    missing = compat.result_missing(task)
+    handler = compat.package_of(task).task_backends
+    aliases = [task.backend, *(a for a in handler.settings if a != task.backend)]
+    asked = False
+    for alias in aliases:
+        backend = handler[alias]
+        if not getattr(backend, "supports_get_result", False):
+            continue
+        asked = True
+        try:
+            result = backend.get_result(owner)
+        except missing:
+            continue
+        return str(result.status) if result.is_finished else None
+    if asked and now - acquired_at > not_found_after:
+        return "not found"
+    return None
