@@ -193,3 +193,31 @@ def test_a_backend_that_bypasses_task_call_is_a_warning() -> None:
     assert found and all(m.level == checks.WARNING for m in found)
     assert "tests.django_tasks_jobs.on_unchecked" in found[0].msg
     assert "'db'" in found[0].msg and "UncheckedBackend" in found[0].msg
+
+
+@pytest.mark.parametrize("fate", ["unsent", "lost"])
+def test_a_worker_check_without_an_answer_runs_and_leaves_no_lock(
+    fate: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """W4 at the worker: the check's store call is never sent, or runs with its reply lost.
+    The body runs, the lease re-sends the check until the store answers, and the lock is
+    released when the body ends: none is left behind, and the next enqueue runs."""
+    store = tasks.indexed.dedup.store()
+    real = store.start
+    calls: list[str] = []
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        calls.append(fate)
+        if len(calls) == 1:
+            if fate == "lost":
+                real(*args, **kwargs)
+            raise StoreUnavailable(store.alias, f"injected: {fate}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "start", start)
+    result = tasks.indexed.enqueue(17)
+    assert (result.status, result.deduplicated) == ("SUCCESSFUL", False)
+    assert jobs.runs("indexed:17") == ["17"]
+    assert store.get(key_of(tasks.indexed, 17)) is None
+    assert tasks.indexed.enqueue(17).status == "SUCCESSFUL"
+    assert jobs.runs("indexed:17") == ["17", "17"]
