@@ -354,13 +354,14 @@ def check_throttle(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def check_django_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """K3: unique Django tasks whose backend's worker cannot run the worker-side check (only
+    """K3: unique and debounced Django tasks whose backend cannot run them (E016) or whose
+    worker cannot run the worker-side check (W010) (only
     when a module of this process made one: Django tasks are not discovered like Celery's)."""
     if "dedup_jobs.django_tasks.tasks" not in sys.modules:
         return []
     from dedup_jobs.django_tasks.checks import check_backends
 
-    return check_backends(_warning)
+    return check_backends(_error, _warning)
 
 
 def register() -> None:

@@ -2,8 +2,8 @@
 tests.settings_django_tasks), from ``--threads`` threads at once; prints one JSON line per
 enqueue: {"id", "deduplicated"}.
 
-    python -m tests.django_tasks_enqueue TASK JSON_ARGS [--threads N] [--bypass]
-        [--pause-after-lock]
+    python -m tests.django_tasks_enqueue TASK JSON_ARGS [--threads N] [--count N]
+        [--bypass] [--pause-after-lock]
 
 ``--bypass``: the backend's own enqueue, around the decorator (no lock taken).
 ``--pause-after-lock``: a task_enqueued receiver after the lock's prints "locked" and waits
@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("task")
     parser.add_argument("args")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--count", type=int, default=0,
+                        help="enqueue COUNT times in a row, with 0..COUNT-1 appended")
     parser.add_argument("--bypass", action="store_true")
     parser.add_argument("--pause-after-lock", action="store_true")
     options = parser.parse_args()
@@ -45,6 +47,13 @@ def main() -> None:
         django_tasks_jobs.task_enqueued.connect(pause, weak=False)
     start = threading.Barrier(options.threads)
     lines: list[str] = []
+
+    if options.count:
+        for n in range(options.count):
+            result = task.enqueue(*args, n)
+            lines.append(json.dumps({"id": str(result.id), "deduplicated": result.deduplicated}))
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        return
 
     def one() -> None:
         start.wait()

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from dedup_jobs.django_tasks import unique, unique_until_processing
+from dedup_jobs.django_tasks import debounced, unique, unique_until_processing
 from tests import jobs
 
 try:
@@ -88,6 +88,13 @@ def until_processing_held(token: str, note: str = "") -> str:
 @task(backend=BACKEND)
 def until_processing(token: str) -> str:
     return str(_run(f"until_processing:{token}", token))
+
+
+@debounced(debounce_for=2.0, max_wait=20.0, debounce_on=("key",))
+@task(backend="db")
+def debounced_tail(key: str, n: int) -> int:
+    _run(f"debounced_tail:{key}", n)
+    return n
 
 
 @task(backend=BACKEND)

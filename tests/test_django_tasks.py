@@ -9,6 +9,7 @@ import pickle
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 
 from dedup_jobs.django_tasks import unique, unique_until_processing
@@ -172,7 +173,7 @@ def test_bad_options_name_the_value(options: dict[str, Any], message: str) -> No
 def test_a_function_that_is_not_a_task() -> None:
     with pytest.raises(TypeError, match="put the dedup_jobs decorator above @task"):
         unique_until_processing()(_function)
-    with pytest.raises(InvalidJobConfiguration, match="unique already"):
+    with pytest.raises(InvalidJobConfiguration, match="has a dedup_jobs decorator already"):
         unique()(tasks.indexed)
 
 
@@ -191,8 +192,8 @@ def test_a_backend_that_bypasses_task_call_is_a_warning() -> None:
     }):
         found = [m for m in check_django_tasks() if m.id == "dedup_jobs.W010"]
     assert found and all(m.level == checks.WARNING for m in found)
-    assert "tests.django_tasks_jobs.on_unchecked" in found[0].msg
-    assert "'db'" in found[0].msg and "UncheckedBackend" in found[0].msg
+    (mine,) = [m for m in found if "tests.django_tasks_jobs.on_unchecked " in m.msg]
+    assert "'db'" in mine.msg and "UncheckedBackend" in mine.msg
 
 
 @pytest.mark.parametrize("fate", ["unsent", "lost"])
@@ -221,3 +222,35 @@ def test_a_worker_check_without_an_answer_runs_and_leaves_no_lock(
     assert store.get(key_of(tasks.indexed, 17)) is None
     assert tasks.indexed.enqueue(17).status == "SUCCESSFUL"
     assert jobs.runs("indexed:17") == ["17", "17"]
+
+
+def test_a_debounced_task_needs_a_backend_that_defers() -> None:
+    """K3: debounced on ImmediateBackend (no supports_defer): the enqueue raises naming the
+    backend, nothing runs; the system check reports it as an error (E016)."""
+    from django.core import checks
+
+    from dedup_jobs.checks import check_django_tasks
+
+    with pytest.raises(InvalidJobConfiguration, match="cannot defer a task"):
+        tasks.debounced_tail.using(backend="default").enqueue("i", 1)
+    assert jobs.runs("debounced_tail:i") == []
+    assert [m.id for m in check_django_tasks()] == []  # on "db", DatabaseBackend
+    immediate = settings.TASKS["default"]
+    with override_settings(TASKS={"default": immediate, "db": immediate}):
+        found = [m for m in check_django_tasks() if m.id == "dedup_jobs.E016"]
+    assert [m.level for m in found] == [checks.ERROR]
+    assert "tests.django_tasks_jobs.debounced_tail" in found[0].msg
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({}, "debounce_for = None must be a number of seconds above 0"),
+    ({"debounce_for": 5, "max_wait": 2}, "max_wait = 2 must be a number of seconds no smaller"),
+    ({"debounce_for": 5, "debounce_on": ("sku",)}, "debounce_on names ['sku']"),
+    ({"debounce_for": 5, "unique_for": 3}, "unknown option(s) unique_for"),
+])
+def test_bad_debounce_options_name_the_value(options: dict[str, Any], message: str) -> None:
+    from dedup_jobs.django_tasks import debounced
+
+    with pytest.raises(InvalidJobConfiguration) as raised:
+        debounced(**options)(task()(_function))
+    assert message in str(raised.value)

@@ -104,10 +104,11 @@ def fresh(site: Site) -> Site:
 
 
 def enqueue(site: Site, task: str, *args: Any, threads: int = 1, processes: int = 1,
-            extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Enqueue from ``processes`` processes of ``threads`` threads each; their answers."""
+            count: int = 0, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Enqueue from ``processes`` processes of ``threads`` threads each (or ``count`` times
+    in a row, with 0..count-1 appended to the arguments); their answers."""
     cmd = [sys.executable, "-m", "tests.django_tasks_enqueue", task, json.dumps(list(args)),
-           "--threads", str(threads), *extra]
+           "--threads", str(threads), "--count", str(count), *extra]
     procs = [subprocess.Popen(cmd, cwd=ROOT, env=site.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(processes)]
     answers = []
@@ -115,17 +116,18 @@ def enqueue(site: Site, task: str, *args: Any, threads: int = 1, processes: int 
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         answers += [json.loads(line) for line in out.splitlines()]
-    assert len(answers) == threads * processes
+    assert len(answers) == max(threads, count) * processes
     return answers
 
 
 @contextmanager
-def db_worker(site: Site, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A real ``db_worker`` process; SIGKILLed at the end if still alive."""
+def db_worker(site: Site, backend: str = "default",
+              **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``db_worker`` process for ``backend``; SIGKILLed at the end if still alive."""
     log = open(ROOT / f".db-worker-{os.getpid()}.log", "ab")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "db_worker", "--interval", "0.05",
-         "--no-startup-delay", "--worker-id", new_request_id()[:20]],
+         "--no-startup-delay", "--worker-id", new_request_id()[:20], "--backend", backend],
         cwd=ROOT, env=site.env(**env), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
@@ -266,3 +268,19 @@ def test_an_enqueuer_killed_between_lock_and_commit_leaves_neither(fresh: Site) 
     (next_,) = enqueue(fresh, "indexed", 33)
     assert next_["deduplicated"] is False
     assert list(fresh.rows()) == [next_["id"]]
+
+
+def test_ten_debounced_enqueues_run_once_with_the_last_arguments(fresh: Site) -> None:
+    """K2/D1: 10 enqueues of one key within debounce_for (2 s): one task row, whose result
+    every enqueue returned; it runs once, with the last enqueue's arguments, and finishes.
+    The worker is up from the start: it meets the row when its first run_after passes and
+    waits for the burst's later due time."""
+    with db_worker(fresh, backend="db"):
+        answers = enqueue(fresh, "debounced_tail", "k", count=10)
+        rows = fresh.rows()
+        assert len(rows) == 1, rows
+        (burst,) = rows
+        assert [a["id"] for a in answers] == [burst] * 10
+        assert [a["deduplicated"] for a in answers] == [False] + [True] * 9
+        assert finished(fresh, 1)[burst][0] == "SUCCESSFUL"
+    assert jobs.runs("debounced_tail:k") == ["9"]

@@ -88,25 +88,32 @@ def describe(job: DedupJob) -> dict[str, Any]:
 
 
 def describe_task(task: Any) -> dict[str, Any]:
-    """K4: a unique Django task, in the columns of a job (its kind says the framework)."""
+    """K4: a unique or debounced Django task, in the columns of a job (its kind says the
+    framework)."""
     options = task.dedup
     try:
         store = options.store_alias()
     except Exception as exc:
         store = f"error: {exc}"
-    if options.unique_id is not None:
-        fields = "unique_id()"
-    elif options.unique_on:
-        fields = ", ".join(options.unique_on)
+    debounced = hasattr(options, "debounce_for")
+    hook = options.debounce_id if debounced else options.unique_id
+    fields = options.debounce_on if debounced else options.unique_on
+    if hook is not None:
+        key = "debounce_id()" if debounced else "unique_id()"
+    elif fields:
+        key = ", ".join(fields)
     else:
         names = list(options.signature.parameters)
-        fields = f"all arguments ({', '.join(names)})" if names else "no arguments (one key)"
+        key = f"all arguments ({', '.join(names)})" if names else "no arguments (one key)"
     return {
         "name": options.label, "kind": django_tasks.kind_label(task), "store": store,
-        "unique_for": _seconds(options.unique_for, app_settings.DEFAULT_UNIQUE_FOR),
-        "debounce_for": "", "max_wait": "", "key_fields": fields,
-        "on_duplicate": options.on_duplicate, "flow": [], "concurrency": "", "throttle": "",
-        "throttle_key": "", "path": f"{options.label} (backend {task.backend!r})",
+        "unique_for": "" if debounced else _seconds(options.unique_for,
+                                                    app_settings.DEFAULT_UNIQUE_FOR),
+        "debounce_for": _seconds(options.debounce_for) if debounced else "",
+        "max_wait": _seconds(options.max_wait) if debounced else "",
+        "key_fields": key, "on_duplicate": "" if debounced else options.on_duplicate,
+        "flow": [], "concurrency": "", "throttle": "", "throttle_key": "",
+        "path": f"{options.label} (backend {task.backend!r})",
     }
 
 

@@ -1,11 +1,13 @@
-"""Unique Django tasks (SPEC §11): ``@unique(...)`` and ``@unique_until_processing(...)`` over a
-task made by ``@task`` of ``django.tasks`` (Django 6.0+) or the ``django-tasks`` backport.
+"""Unique and debounced Django tasks (SPEC §11): ``@unique(...)``,
+``@unique_until_processing(...)`` and ``@debounced(...)`` over a task made by ``@task`` of
+``django.tasks`` (Django 6.0+) or the ``django-tasks`` backport.
 
 A thin front-end over the engine (``dedup_jobs/engine``), beside the Celery one
 (``dedup_jobs/jobs``); neither imports the other. Where each decision is made:
 
 - ``enqueue.py``: the lock taken at ``enqueue``, with the result id as owner;
 - ``run.py``: the worker's check when the task starts, its lease, its release;
+- ``debounce.py``: a debounced task's burst, taken at enqueue and claimed at the worker;
 - ``tasks.py``: the task class that routes ``enqueue`` and ``call`` through them;
 - ``options.py``: the options, checked, and the key of a call;
 - ``results.py``: the ``TaskResult`` marked ``deduplicated``;
@@ -15,11 +17,11 @@ A thin front-end over the engine (``dedup_jobs/engine``), beside the Celery one
 from __future__ import annotations
 
 from dedup_jobs.django_tasks import compat
-from dedup_jobs.django_tasks.decorators import unique, unique_until_processing
+from dedup_jobs.django_tasks.decorators import debounced, unique, unique_until_processing
 from dedup_jobs.django_tasks.enqueue import on_enqueued
 from dedup_jobs.django_tasks.run import on_started
 
-__all__ = ["unique", "unique_until_processing"]
+__all__ = ["debounced", "unique", "unique_until_processing"]
 
 for _enqueued, _started in compat.signals():
     _enqueued.connect(on_enqueued, dispatch_uid="dedup_jobs.django_tasks.enqueued")

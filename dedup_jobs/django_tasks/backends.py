@@ -35,16 +35,38 @@ def checked_at_start(backend: Any) -> bool:
                for base in type(backend).__mro__)
 
 
-def discard(backend: Any, result_id: str) -> None:
-    """Take back the task a duplicate enqueue queued before the lock said no (django-tasks-rq
-    queues the job before it sends ``task_enqueued``). Best effort: a task left behind is
-    refused by the worker-side check (it fails with DuplicateJob, W3)."""
-    if not any(base.__module__.startswith("django_tasks_rq") for base in type(backend).__mro__):
+def _of(backend: Any, package: str) -> bool:
+    return any(base.__module__.startswith(package) for base in type(backend).__mro__)
+
+
+def debounce_problem(backend: Any) -> str:
+    """Why ``backend`` cannot run a debounced task ("" when it can): the burst's task waits
+    with ``run_after`` (``supports_defer``), and an absorbed enqueue's own task is taken back
+    (:func:`discard`), which django-tasks-db and django-tasks-rq allow."""
+    if not getattr(backend, "supports_defer", False):
+        return "cannot defer a task (supports_defer is False)"
+    if not (_of(backend, "django_tasks_db") or _of(backend, "django_tasks_rq")):
+        return "dedup_jobs cannot take back a task it queued"
+    return ""
+
+
+def discard(backend: Any, result_id: str, *, atomic: bool = False) -> None:
+    """Take back a task the backend queued for an enqueue that turned out a duplicate or was
+    absorbed into a burst: django-tasks-rq's job (queued before ``task_enqueued``) is
+    deleted; django-tasks-db's row is deleted when ``atomic`` (inside the enqueue's own
+    transaction; a duplicate's row is rolled back instead). Best effort for rq: a job left
+    behind is refused by the worker-side check (W3)."""
+    if atomic and _of(backend, "django_tasks_db"):
+        from django_tasks_db.models import DBTaskResult
+
+        DBTaskResult.objects.filter(id=result_id).delete()
+        return
+    if not _of(backend, "django_tasks_rq"):
         return
     try:
         job = backend._get_job(result_id)
         if job is not None:
             job.delete()
     except Exception:
-        logger.warning("Could not take back the duplicate rq job %s; the worker-side check "
-                       "refuses it when it starts.", result_id, exc_info=True)
+        logger.warning("Could not take back the rq job %s; the worker-side check refuses "
+                       "it when it starts.", result_id, exc_info=True)

@@ -6,12 +6,13 @@ from typing import Any
 
 from django.core import checks
 
-from dedup_jobs.django_tasks.backends import checked_at_start, class_path
+from dedup_jobs.django_tasks.backends import checked_at_start, class_path, debounce_problem
 from dedup_jobs.django_tasks.tasks import made
 
 
-def check_backends(_warning: Any) -> list[checks.CheckMessage]:
-    """W010: a unique task on a backend whose worker bypasses ``Task.call``."""
+def check_backends(_error: Any, _warning: Any) -> list[checks.CheckMessage]:
+    """E016: a debounced task on a backend that cannot defer (or take back) a task; W010: a
+    unique or debounced task on a backend whose worker bypasses ``Task.call``."""
     found: list[checks.CheckMessage] = []
     seen: set[tuple[str, str]] = set()
     for task in made:
@@ -19,12 +20,23 @@ def check_backends(_warning: Any) -> list[checks.CheckMessage]:
             backend = task.get_backend()
         except Exception:
             continue  # the framework's own check reports a backend that is not configured
-        if checked_at_start(backend) or (task.dedup.label, task.backend) in seen:
+        if (task.dedup.label, task.backend) in seen:
             continue
         seen.add((task.dedup.label, task.backend))
+        problem = debounce_problem(backend) if hasattr(task.dedup, "debounce_for") else ""
+        if problem:
+            found.append(_error(
+                16,
+                f"The debounced Django task {task.dedup.label} runs on the task backend "
+                f"{task.backend!r} ({class_path(backend)}), which {problem}: its enqueue "
+                f"raises InvalidJobConfiguration.",
+                "Run it on django-tasks-db's DatabaseBackend or django-tasks-rq's RQBackend "
+                "(@task(backend=...) or .using(backend=...))."))
+        if checked_at_start(backend):
+            continue
         found.append(_warning(
             10,
-            f"The unique Django task {task.dedup.label} runs on the task backend "
+            f"The Django task {task.dedup.label} runs on the task backend "
             f"{task.backend!r} ({class_path(backend)}), whose worker does not run tasks "
             f"through Task.call: no worker-side check runs (a task enqueued around the "
             f"decorator is not refused), no lease is renewed, and the lock is released only "

@@ -74,17 +74,17 @@ def result_status(task: Any) -> Any:
     return base_of(package_of(task)).TaskResultStatus
 
 
-_extended: dict[tuple[type, str], type] = {}
+_extended: dict[tuple[type, str, tuple[type, ...]], type] = {}
 
 
 def extended(cls: type, name: str, annotation: type, spec: Any, *,
              mixins: tuple[type, ...] = (), module: str | None = None) -> type:
     """The frozen dataclass ``cls`` (a framework's ``Task`` or ``TaskResult``, or a
     backend's subclass) with one more field, ``name`` (``spec``: its ``dataclasses.field``),
-    and ``mixins`` first in its bases; made once per class and field."""
-    found = _extended.get((cls, name))
+    and ``mixins`` first in its bases; made once per class, field and mixins."""
+    found = _extended.get((cls, name, mixins))
     if found is None:
-        found = _extended[(cls, name)] = make_dataclass(
+        found = _extended[(cls, name, mixins)] = make_dataclass(
             cls.__name__, [(name, annotation, spec)], bases=(*mixins, cls), frozen=True,
             kw_only=True, namespace={"__module__": module or cls.__module__,
                                      "__qualname__": cls.__qualname__})

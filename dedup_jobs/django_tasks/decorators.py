@@ -6,17 +6,21 @@ from collections.abc import Callable
 from typing import Any
 
 from dedup_jobs.django_tasks import compat
-from dedup_jobs.django_tasks.options import call_signature, checked
+from dedup_jobs.django_tasks.debounce import DebouncedTaskMixin
+from dedup_jobs.django_tasks.options import call_signature, checked, checked_debounce
 from dedup_jobs.django_tasks.tasks import wrap
 
 
-def _decorator(release_on_start: bool, task: Any, options: dict[str, Any]) -> Any:
+def _decorator(kind: str, task: Any, options: dict[str, Any]) -> Any:
     def decorate(task: Any) -> Any:
         compat.package_of(task)  # a task made by @task, or a TypeError saying so
         label = task.module_path
         signature = call_signature(task.func, task.takes_context)
+        if kind == "debounced":
+            return wrap(task, checked_debounce(label, signature, dict(options)),
+                        DebouncedTaskMixin)
         return wrap(task, checked(label, signature, dict(options),
-                                  release_on_start=release_on_start))
+                                  release_on_start=kind == "until_processing"))
 
     return decorate(task) if task is not None else decorate
 
@@ -24,10 +28,17 @@ def _decorator(release_on_start: bool, task: Any, options: dict[str, Any]) -> An
 def unique(task: Any = None, /, **options: Any) -> Callable[[Any], Any] | Any:
     """At most one result of the task per unique id is enqueued or running (Laravel's
     ``ShouldBeUnique``): ``@unique(unique_for=3600)`` above ``@task()``."""
-    return _decorator(False, task, options)
+    return _decorator("unique", task, options)
 
 
 def unique_until_processing(task: Any = None, /, **options: Any) -> Callable[[Any], Any] | Any:
     """Unique until a worker starts the task: the lock is released at its start (Laravel's
     ``ShouldBeUniqueUntilProcessing``)."""
-    return _decorator(True, task, options)
+    return _decorator("until_processing", task, options)
+
+
+def debounced(task: Any = None, /, **options: Any) -> Callable[[Any], Any] | Any:
+    """Only the last enqueue of a burst runs, ``debounce_for`` seconds after it, with its
+    arguments; never later than ``max_wait`` after the burst's first (Laravel's
+    ``DebounceFor``): ``@debounced(debounce_for=30, max_wait=120)`` above ``@task()``."""
+    return _decorator("debounced", task, options)

@@ -39,6 +39,11 @@ class UniqueOptions:
     unique_via: str | Callable[[], str] | None = None
     on_duplicate: str = "return"
 
+    @property
+    def kind_label(self) -> str:
+        return ("unique until processing (Django task)" if self.release_on_start
+                else "unique (Django task)")
+
     def lock_ttl(self) -> float:
         return float(self.unique_for or app_settings.DEFAULT_UNIQUE_FOR)
 
@@ -49,27 +54,37 @@ class UniqueOptions:
     def key(self, args: Sequence[Any], kwargs: dict[str, Any],
             store: BaseStore) -> keys.JobKey:
         """The key of a call with these (JSON-normalized) arguments."""
-        source = "unique_id()"
-        if self.unique_id is not None:
-            value = self.unique_id(*args, **kwargs)
-            ident = keys.hook_id(value)
-            if ident is None:
-                raise InvalidJobId(self.label, source, value, keys.HOOK_TYPE_PROBLEM)
-        else:
-            chosen = f"unique_on = {self.unique_on!r}" if self.unique_on else "all arguments"
-            source = f"the default key ({chosen}; pass unique_id= to choose the id)"
-            ident = keys.default_id(self.label, _shim(self.signature), args, kwargs,
-                                    self.unique_on, "unique_id")
-        problem = keys.id_problem(ident)
-        if problem is None:
-            key = keys.build_key("unique", self.label, ident)
-            problem = store.key_problem(key)
-            if problem is None:
-                return key
-        raise InvalidJobId(self.label, source, ident, problem)
+        return call_key("unique", self.label, self.signature, self.unique_id,
+                        self.unique_on, args, kwargs, store)
 
     def store(self) -> BaseStore:
         return get_store(self.store_alias())
+
+
+def call_key(kind: str, label: str, signature: inspect.Signature,
+             hook: Callable[..., Any] | None, fields: tuple[str, ...] | None,
+             args: Sequence[Any], kwargs: dict[str, Any], store: BaseStore) -> keys.JobKey:
+    """``{KEY_PREFIX}:{kind}:{label}:{id}``: the id from ``hook`` (``unique_id``,
+    ``debounce_id``) or the bound arguments named by ``fields``; InvalidJobId for an id
+    ``store`` cannot hold (A4)."""
+    name = f"{kind}_id"
+    source = f"{name}()"
+    if hook is not None:
+        value = hook(*args, **kwargs)
+        ident = keys.hook_id(value)
+        if ident is None:
+            raise InvalidJobId(label, source, value, keys.HOOK_TYPE_PROBLEM)
+    else:
+        chosen = f"{kind}_on = {fields!r}" if fields else "all arguments"
+        source = f"the default key ({chosen}; pass {name}= to choose the id)"
+        ident = keys.default_id(label, _shim(signature), args, kwargs, fields, name)
+    problem = keys.id_problem(ident)
+    if problem is None:
+        key = keys.build_key(kind, label, ident)
+        problem = store.key_problem(key)
+        if problem is None:
+            return key
+    raise InvalidJobId(label, source, ident, problem)
 
 
 @functools.lru_cache(maxsize=512)
@@ -92,6 +107,50 @@ def call_signature(func: Callable[..., Any], takes_context: bool) -> inspect.Sig
     return signature
 
 
+def _key_options(label: str, kind: str, given: dict[str, Any],
+                 signature: inspect.Signature) -> tuple[str, ...] | None:
+    """``{kind}_on`` (returned), ``{kind}_id`` and ``{kind}_via``, checked."""
+    _callable_or_alias(label, f"{kind}_id", given.get(f"{kind}_id"))
+    _callable_or_alias(label, f"{kind}_via", given.get(f"{kind}_via"))
+    return _fields(label, f"{kind}_on", given.get(f"{kind}_on"), signature)
+
+
+def _known(label: str, kind: str, given: dict[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise InvalidJobConfiguration(
+            f"{label}: unknown option(s) {', '.join(unknown)}. A {kind} Django task takes "
+            f"{', '.join(sorted(known))}.")
+
+
+def _fields(label: str, option: str, fields: Any,
+            signature: inspect.Signature) -> tuple[str, ...] | None:
+    """``unique_on`` / ``debounce_on``: a tuple of names the task takes, or None."""
+    if fields is None:
+        return None
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise InvalidJobConfiguration(
+            f"{label}: {option} = {fields!r} must be a tuple of argument names, "
+            f"e.g. ({fields!r},).")
+    params = signature.parameters.values()
+    names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = [f for f in fields if f not in names]
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
+        raise InvalidJobConfiguration(
+            f"{label}: {option} names {unknown!r}, which the task does not take. Its "
+            f"arguments are {names!r}.")
+    return tuple(fields)
+
+
+def _callable_or_alias(label: str, name: str, value: Any) -> None:
+    """An id hook must be callable; a ``*_via`` a store alias or a function returning one."""
+    if value is None or callable(value) or (name.endswith("_via") and isinstance(value, str)):
+        return
+    wanted = ("a store alias or a function returning one" if name.endswith("_via")
+              else "a function of the call")
+    raise InvalidJobConfiguration(f"{label}: {name} = {value!r} must be {wanted}.")
+
+
 def checked(label: str, signature: inspect.Signature, given: dict[str, Any],
             *, release_on_start: bool) -> UniqueOptions:
     """The options, or InvalidJobConfiguration naming the value and what to do."""
@@ -102,12 +161,8 @@ def checked(label: str, signature: inspect.Signature, given: dict[str, Any],
                 f"({why}). Leave it out, or use a Celery job for it.")
     for name in NOT_YET:
         given.pop(name, None)
-    known = {"unique_for", "unique_on", "unique_id", "unique_via", "on_duplicate"}
-    unknown = sorted(set(given) - known)
-    if unknown:
-        raise InvalidJobConfiguration(
-            f"{label}: unknown option(s) {', '.join(unknown)}. A unique Django task takes "
-            f"{', '.join(sorted(known))}.")
+    _known(label, "unique", given,
+           {"unique_for", "unique_on", "unique_id", "unique_via", "on_duplicate"})
     unique_for = given.get("unique_for")
     if unique_for is not None and (not is_seconds(unique_for) or unique_for <= 0):
         raise InvalidJobConfiguration(
@@ -120,28 +175,57 @@ def checked(label: str, signature: inspect.Signature, given: dict[str, Any],
         raise InvalidJobConfiguration(
             f"{label}: on_duplicate = {on_duplicate!r} must be one of "
             f"{ON_DUPLICATE_CHOICES!r}{hint}.")
-    unique_on = given.get("unique_on")
-    if unique_on is not None:
-        if isinstance(unique_on, str) or not all(isinstance(f, str) for f in unique_on):
-            raise InvalidJobConfiguration(
-                f"{label}: unique_on = {unique_on!r} must be a tuple of argument names, "
-                f"e.g. ({unique_on!r},).")
-        params = signature.parameters.values()
-        names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        unknown = [f for f in unique_on if f not in names]
-        if unknown and not any(p.kind is p.VAR_KEYWORD for p in params):
-            raise InvalidJobConfiguration(
-                f"{label}: unique_on names {unknown!r}, which the task does not take. Its "
-                f"arguments are {names!r}.")
-        unique_on = tuple(unique_on)
-    for name in ("unique_id", "unique_via"):
-        value = given.get(name)
-        if value is not None and not callable(value) and not (
-                name == "unique_via" and isinstance(value, str)):
-            wanted = ("a function of the call" if name == "unique_id"
-                      else "a store alias or a function returning one")
-            raise InvalidJobConfiguration(f"{label}: {name} = {value!r} must be {wanted}.")
+    unique_on = _key_options(label, "unique", given, signature)
     return UniqueOptions(label=label, signature=signature, release_on_start=release_on_start,
                          unique_for=unique_for, unique_on=unique_on,
                          unique_id=given.get("unique_id"), unique_via=given.get("unique_via"),
                          on_duplicate=on_duplicate)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DebounceOptions:
+    """What ``@debounced(...)`` was given, checked."""
+
+    label: str
+    signature: inspect.Signature
+    debounce_for: float
+    max_wait: float | None = None
+    debounce_on: tuple[str, ...] | None = None
+    debounce_id: Callable[..., Any] | None = None
+    debounce_via: str | Callable[[], str] | None = None
+
+    kind_label = "debounced (Django task)"
+
+    def store_alias(self) -> str:
+        via = self.debounce_via() if callable(self.debounce_via) else self.debounce_via
+        return str(via) if via else app_settings.STORE
+
+    def store(self) -> BaseStore:
+        return get_store(self.store_alias())
+
+    def key(self, args: Sequence[Any], kwargs: dict[str, Any],
+            store: BaseStore) -> keys.JobKey:
+        return call_key("debounce", self.label, self.signature, self.debounce_id,
+                        self.debounce_on, args, kwargs, store)
+
+
+def checked_debounce(label: str, signature: inspect.Signature,
+                     given: dict[str, Any]) -> DebounceOptions:
+    """The options of ``@debounced(...)``, or InvalidJobConfiguration naming the value."""
+    _known(label, "debounced", given,
+           {"debounce_for", "max_wait", "debounce_on", "debounce_id", "debounce_via"})
+    debounce_for: Any = given.get("debounce_for")
+    if not is_seconds(debounce_for) or debounce_for <= 0:
+        raise InvalidJobConfiguration(
+            f"{label}: debounce_for = {debounce_for!r} must be a number of seconds above 0"
+            f"{not_finite(debounce_for)}, e.g. @debounced(debounce_for=30).")
+    max_wait = given.get("max_wait")
+    if max_wait is not None and (not is_seconds(max_wait) or max_wait < debounce_for):
+        raise InvalidJobConfiguration(
+            f"{label}: max_wait = {max_wait!r} must be a number of seconds no smaller than "
+            f"debounce_for ({debounce_for!r}){not_finite(max_wait)}.")
+    fields = _key_options(label, "debounce", given, signature)
+    return DebounceOptions(label=label, signature=signature, debounce_for=float(debounce_for),
+                           max_wait=None if max_wait is None else float(max_wait),
+                           debounce_on=fields, debounce_id=given.get("debounce_id"),
+                           debounce_via=given.get("debounce_via"))

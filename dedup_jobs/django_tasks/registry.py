@@ -11,12 +11,9 @@ from django.apps import apps
 from django.utils.module_loading import import_string
 
 from dedup_jobs.django_tasks import compat
-from dedup_jobs.django_tasks.tasks import UniqueTaskMixin, made
+from dedup_jobs.django_tasks.tasks import made
 
 logger = logging.getLogger("dedup_jobs")
-
-KIND_LABELS = {False: "unique (Django task)", True: "unique until processing (Django task)"}
-
 
 def unique_tasks() -> list[Any]:
     """Every unique Django task made in this process, one per module path, by path."""
@@ -38,11 +35,11 @@ def find(name: str) -> Any | None:
         found = import_string(name)
     except ImportError:
         return None
-    return found if isinstance(found, UniqueTaskMixin) else None
+    return found if any(found is task for task in made) else None
 
 
 def kind_label(task: Any) -> str:
-    return KIND_LABELS[task.dedup.release_on_start]
+    return str(task.dedup.kind_label)
 
 
 def finished(task: Any, owner: str, *, not_found_after: float, acquired_at: float,

@@ -20,7 +20,22 @@ from dedup_jobs.exceptions import DuplicateJob, InvalidJobConfiguration
 USING = ("priority", "queue_name", "run_after", "backend")
 
 
-class UniqueTaskMixin:
+class TaskMixin:
+    """What every dedup_jobs task class overrides alike."""
+
+    __slots__ = ()
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
+        # The decision is made in the thread that enqueues (the receiver reads it there).
+        return await sync_to_async(self.enqueue)(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> Any:
+        """Pickled, a task is rebuilt from its module path and its ``using()`` changes."""
+        changes = {name: getattr(self, name) for name in USING}
+        return (_rebuild, (self.module_path, changes))  # type: ignore[attr-defined]
+
+
+class UniqueTaskMixin(TaskMixin):
     """The overrides of a unique task (``dedup``: its options, a dataclass field)."""
 
     __slots__ = ()
@@ -52,10 +67,6 @@ class UniqueTaskMixin:
         decision.done()
         return marked(result, deduplicated=False)
 
-    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
-        # The decision is made in the thread that enqueues (the receiver reads it there).
-        return await sync_to_async(self.enqueue)(*args, **kwargs)
-
     def call(self, *args: Any, **kwargs: Any) -> Any:
         started = run.started_result(self)
         if started is None:
@@ -64,9 +75,6 @@ class UniqueTaskMixin:
                                lambda: super(UniqueTaskMixin, self).call(  # type: ignore[misc]
                                    *args, **kwargs))
 
-    def __reduce__(self) -> Any:
-        changes = {name: getattr(self, name) for name in USING}
-        return (_rebuild, (self.module_path, changes))  # type: ignore[attr-defined]
 
 
 def _rebuild(module_path: str, changes: dict[str, Any]) -> Any:
@@ -89,18 +97,18 @@ def _wait(task: Any) -> float:
 made: list[Any] = []
 
 
-def unique_class(task_class: type) -> type:
-    """``task_class`` with the unique overrides and a ``dedup`` field."""
-    return compat.extended(task_class, "dedup", UniqueOptions, field(kw_only=True),
-                           mixins=(UniqueTaskMixin,), module=__name__)
+def unique_class(task_class: type, mixin: type = UniqueTaskMixin) -> type:
+    """``task_class`` with the overrides of ``mixin`` and a ``dedup`` field."""
+    return compat.extended(task_class, "dedup", object, field(kw_only=True),
+                           mixins=(mixin,), module=__name__)
 
 
-def wrap(task: Any, options: UniqueOptions) -> Any:
-    """The unique form of ``task``."""
-    if isinstance(task, UniqueTaskMixin):
+def wrap(task: Any, options: Any, mixin: type = UniqueTaskMixin) -> Any:
+    """The unique (or, with another ``mixin``, debounced) form of ``task``."""
+    if hasattr(task, "dedup"):
         raise InvalidJobConfiguration(
-            f"{options.label}: the task is unique already; use one dedup_jobs decorator.")
+            f"{options.label}: the task has a dedup_jobs decorator already; use one.")
     values = {f.name: getattr(task, f.name) for f in fields(task) if f.init}
-    wrapped = unique_class(type(task))(**values, dedup=options)
+    wrapped = unique_class(type(task), mixin)(**values, dedup=options)
     made.append(wrapped)
     return wrapped
