@@ -62,3 +62,18 @@ class InvalidJobId(DedupError, ValueError):
             f"{task_name}: {source} gave the id {shown}, which {problem} "
             f"Nothing was locked or published."
         )
+
+
+class TaskDeferred(DedupError):
+    """Ends the run of a throttled Django task that its limit deferred (T2/T3): the same call
+    was enqueued again, as ``new_id``, to start at ``run_after``. The deferred result is
+    FAILED with this error, naming the result that carries the call on."""
+
+    def __init__(self, task_name: str, key: str, new_id: str, run_after: str) -> None:
+        self.task_name = task_name
+        self.key = key
+        self.new_id = new_id
+        super().__init__(
+            f"{task_name}: {key!r} could not start now (its concurrency or throttle limit "
+            f"was reached, or the store did not answer); the call was enqueued again as task "
+            f"{new_id}, to start at {run_after}. Nothing was lost: follow that result.")

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any
 
-from dedup_jobs.django_tasks import debounced, unique, unique_until_processing
+from dedup_jobs.django_tasks import debounced, throttled, unique, unique_until_processing
 from tests import jobs
 
 try:
@@ -95,6 +95,15 @@ def until_processing(token: str) -> str:
 def debounced_tail(key: str, n: int) -> int:
     _run(f"debounced_tail:{key}", n)
     return n
+
+
+@throttled(concurrency=1, throttle_on=("key",))
+@task(backend="db")
+def throttled_held(key: str, token: str) -> str:
+    """Records its start and its end, holding (until go) in between."""
+    _run(f"throttled_held:{key}", f"{token}:start")
+    _hold(f"{key}:{token}")
+    return str(_run(f"throttled_held:{key}", f"{token}:end"))
 
 
 @task(backend=BACKEND)

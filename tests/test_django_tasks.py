@@ -237,9 +237,9 @@ def test_a_debounced_task_needs_a_backend_that_defers() -> None:
     assert [m.id for m in check_django_tasks()] == []  # on "db", DatabaseBackend
     immediate = settings.TASKS["default"]
     with override_settings(TASKS={"default": immediate, "db": immediate}):
-        found = [m for m in check_django_tasks() if m.id == "dedup_jobs.E016"]
+        found = [m for m in check_django_tasks() if m.id == "dedup_jobs.E016"
+                 and "tests.django_tasks_jobs.debounced_tail " in m.msg]
     assert [m.level for m in found] == [checks.ERROR]
-    assert "tests.django_tasks_jobs.debounced_tail" in found[0].msg
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -254,3 +254,27 @@ def test_bad_debounce_options_name_the_value(options: dict[str, Any], message: s
     with pytest.raises(InvalidJobConfiguration) as raised:
         debounced(**options)(task()(_function))
     assert message in str(raised.value)
+
+
+def test_a_throttled_task_needs_a_backend_that_defers() -> None:
+    """K3: throttled on ImmediateBackend: the enqueue raises naming the backend (a deferred
+    call could not wait), nothing runs; E016 names it too."""
+    from dedup_jobs.checks import check_django_tasks
+
+    with pytest.raises(InvalidJobConfiguration, match="throttled on the task backend 'default'"):
+        tasks.throttled_held.using(backend="default").enqueue("i", "x")
+    assert jobs.runs("throttled_held:i") == []
+    immediate = settings.TASKS["default"]
+    with override_settings(TASKS={"default": immediate, "db": immediate}):
+        found = [m.msg for m in check_django_tasks() if m.id == "dedup_jobs.E016"]
+    assert any(m.startswith("The throttled Django task tests.django_tasks_jobs.throttled_held")
+               for m in found), found
+
+
+def test_bad_throttle_options_name_the_value() -> None:
+    from dedup_jobs.django_tasks import throttled
+
+    with pytest.raises(InvalidJobConfiguration, match="needs concurrency=N"):
+        throttled()(task()(_function))
+    with pytest.raises(InvalidJobConfiguration, match="throttle = '5 per second'"):
+        throttled(throttle="5 per second")(task()(_function))

@@ -89,3 +89,18 @@ def test_the_admin_shows_django_tasks() -> None:
     until = re.search(r"tests\.django_tasks_jobs\.until_processing</th>(.*?)</tr>", classes,
                       re.S)
     assert until is not None and "unique until processing (Django task)" in until.group(1)
+
+
+def test_job_classes_show_debounced_and_throttled_tasks() -> None:
+    classes = login("viewer", "view_joblock").get(CLASSES).content.decode().replace("<wbr>", "")
+
+    def row(name: str) -> str:
+        found = re.search(rf"tests\.django_tasks_jobs\.{name}</th>(.*?)</tr>", classes, re.S)
+        assert found is not None, name
+        return found.group(1)
+
+    debounced = row("debounced_tail")
+    assert "debounced (Django task)" in debounced and '<td class="nowrap">2 s</td>' in debounced
+    throttled = row("throttled_held")
+    assert "throttled (Django task)" in throttled
+    assert 'title="per throttle key: key">1</td>' in throttled

@@ -284,3 +284,32 @@ def test_ten_debounced_enqueues_run_once_with_the_last_arguments(fresh: Site) ->
         assert [a["deduplicated"] for a in answers] == [False] + [True] * 9
         assert finished(fresh, 1)[burst][0] == "SUCCESSFUL"
     assert jobs.runs("debounced_tail:k") == ["9"]
+
+
+def test_throttled_calls_wait_their_turn_and_none_is_dropped(fresh: Site) -> None:
+    """K2/T2: concurrency=1 on one throttle key, two workers. While a runs, b and c are
+    admitted nowhere: each deferral enqueues the same call again (run_after) and ends its
+    own result FAILED with TaskDeferred, naming the new one. Then all three run, one at a
+    time, each exactly once."""
+    lease = {"DEDUP_TASKS_LEASE": "3"}  # a deferred call is retried within a second or so
+    with db_worker(fresh, backend="db", **lease), db_worker(fresh, backend="db", **lease):
+        enqueue(fresh, "throttled_held", "t", "a")
+        until(lambda: running("t:a"))
+        enqueue(fresh, "throttled_held", "t", "b")
+        enqueue(fresh, "throttled_held", "t", "c")
+
+        def deferred() -> list[str]:
+            return [tb for status, tb in fresh.rows().values()
+                    if status == "FAILED" and "TaskDeferred" in tb]
+
+        found = until(lambda: len(deferred()) >= 4 and deferred())
+        assert all("enqueued again as task" in tb for tb in found)
+        assert not running("t:b") and not running("t:c")
+        for token in "abc":
+            go(f"t:{token}")
+        until(lambda: len(jobs.runs("throttled_held:t")) == 6, timeout=30)
+    records = [r.strip("'") for r in jobs.runs("throttled_held:t")]
+    starts = [r for r in records if r.endswith(":start")]
+    assert sorted(starts) == ["a:start", "b:start", "c:start"], records
+    for at in range(0, 6, 2):  # never two at once: each start is followed by its own end
+        assert records[at + 1] == records[at].replace(":start", ":end"), records

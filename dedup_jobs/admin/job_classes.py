@@ -96,6 +96,8 @@ def describe_task(task: Any) -> dict[str, Any]:
     except Exception as exc:
         store = f"error: {exc}"
     debounced = hasattr(options, "debounce_for")
+    if hasattr(options, "throttle_on"):
+        return _throttled_task(task, store)
     hook = options.debounce_id if debounced else options.unique_id
     fields = options.debounce_on if debounced else options.unique_on
     if hook is not None:
@@ -113,6 +115,19 @@ def describe_task(task: Any) -> dict[str, Any]:
         "max_wait": _seconds(options.max_wait) if debounced else "",
         "key_fields": key, "on_duplicate": "" if debounced else options.on_duplicate,
         "flow": [], "concurrency": "", "throttle": "", "throttle_key": "",
+        "path": f"{options.label} (backend {task.backend!r})",
+    }
+
+
+def _throttled_task(task: Any, store: str) -> dict[str, Any]:
+    options = task.dedup
+    by = ("throttle_id()" if options.throttle_id is not None
+          else ", ".join(options.throttle_on or ()) or "the task alone (one limit)")
+    return {
+        "name": options.label, "kind": django_tasks.kind_label(task), "store": store,
+        "unique_for": "", "debounce_for": "", "max_wait": "", "key_fields": by,
+        "on_duplicate": "", "flow": [], "concurrency": limit(options.concurrency or None),
+        "throttle": limit(options.throttle), "throttle_key": f"per throttle key: {by}",
         "path": f"{options.label} (backend {task.backend!r})",
     }
 

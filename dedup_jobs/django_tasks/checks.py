@@ -11,8 +11,8 @@ from dedup_jobs.django_tasks.tasks import made
 
 
 def check_backends(_error: Any, _warning: Any) -> list[checks.CheckMessage]:
-    """E016: a debounced task on a backend that cannot defer (or take back) a task; W010: a
-    unique or debounced task on a backend whose worker bypasses ``Task.call``."""
+    """E016: a debounced or throttled task on a backend that cannot defer (or, debounced,
+    take back) a task; W010: a task on a backend whose worker bypasses ``Task.call``."""
     found: list[checks.CheckMessage] = []
     seen: set[tuple[str, str]] = set()
     for task in made:
@@ -24,10 +24,13 @@ def check_backends(_error: Any, _warning: Any) -> list[checks.CheckMessage]:
             continue
         seen.add((task.dedup.label, task.backend))
         problem = debounce_problem(backend) if hasattr(task.dedup, "debounce_for") else ""
+        if hasattr(task.dedup, "throttle_on") and not getattr(backend, "supports_defer", False):
+            problem = "cannot defer a task (supports_defer is False)"
         if problem:
             found.append(_error(
                 16,
-                f"The debounced Django task {task.dedup.label} runs on the task backend "
+                f"The {task.dedup.kind_label.split(' (')[0]} Django task {task.dedup.label} "
+                f"runs on the task backend "
                 f"{task.backend!r} ({class_path(backend)}), which {problem}: its enqueue "
                 f"raises InvalidJobConfiguration.",
                 "Run it on django-tasks-db's DatabaseBackend or django-tasks-rq's RQBackend "

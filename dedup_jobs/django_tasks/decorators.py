@@ -7,8 +7,14 @@ from typing import Any
 
 from dedup_jobs.django_tasks import compat
 from dedup_jobs.django_tasks.debounce import DebouncedTaskMixin
-from dedup_jobs.django_tasks.options import call_signature, checked, checked_debounce
+from dedup_jobs.django_tasks.options import (
+    call_signature,
+    checked,
+    checked_debounce,
+    checked_throttle,
+)
 from dedup_jobs.django_tasks.tasks import wrap
+from dedup_jobs.django_tasks.throttle import ThrottledTaskMixin
 
 
 def _decorator(kind: str, task: Any, options: dict[str, Any]) -> Any:
@@ -19,6 +25,9 @@ def _decorator(kind: str, task: Any, options: dict[str, Any]) -> Any:
         if kind == "debounced":
             return wrap(task, checked_debounce(label, signature, dict(options)),
                         DebouncedTaskMixin)
+        if kind == "throttled":
+            return wrap(task, checked_throttle(label, signature, dict(options)),
+                        ThrottledTaskMixin)
         return wrap(task, checked(label, signature, dict(options),
                                   release_on_start=kind == "until_processing"))
 
@@ -42,3 +51,11 @@ def debounced(task: Any = None, /, **options: Any) -> Callable[[Any], Any] | Any
     arguments; never later than ``max_wait`` after the burst's first (Laravel's
     ``DebounceFor``): ``@debounced(debounce_for=30, max_wait=120)`` above ``@task()``."""
     return _decorator("debounced", task, options)
+
+
+def throttled(task: Any = None, /, **options: Any) -> Callable[[Any], Any] | Any:
+    """At most ``concurrency`` runs of one throttle key at once, at most ``throttle`` ("K/s",
+    "K/m", "K/h") starts of it: ``@throttled(concurrency=2, throttle="10/m",
+    throttle_on=("account",))`` above ``@task()``. A call over the limit is enqueued again
+    for when it may start."""
+    return _decorator("throttled", task, options)

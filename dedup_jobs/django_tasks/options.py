@@ -229,3 +229,56 @@ def checked_debounce(label: str, signature: inspect.Signature,
                            max_wait=None if max_wait is None else float(max_wait),
                            debounce_on=fields, debounce_id=given.get("debounce_id"),
                            debounce_via=given.get("debounce_via"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThrottleOptions:
+    """What ``@throttled(...)`` was given, checked (T1-T3)."""
+
+    label: str
+    signature: inspect.Signature
+    concurrency: int = 0  # T2: runs of one throttle key at once (0: no limit)
+    throttle: str | None = None  # T3: "K/s", "K/m", "K/h"
+    throttle_on: tuple[str, ...] | None = None
+    throttle_id: Callable[..., Any] | None = None
+    throttle_via: str | Callable[[], str] | None = None
+
+    kind_label = "throttled (Django task)"
+
+    def store_alias(self) -> str:
+        via = self.throttle_via() if callable(self.throttle_via) else self.throttle_via
+        return str(via) if via else app_settings.STORE
+
+    def store(self) -> BaseStore:
+        return get_store(self.store_alias())
+
+    def key(self, args: Sequence[Any], kwargs: dict[str, Any],
+            store: BaseStore) -> keys.JobKey:
+        """T1: ``throttle_id()``, else the ``throttle_on`` arguments, else the task alone
+        (one limit for the task)."""
+        if self.throttle_id is None and not self.throttle_on:
+            return keys.build_key("throttle", self.label, self.label)
+        return call_key("throttle", self.label, self.signature, self.throttle_id,
+                        self.throttle_on, args, kwargs, store)
+
+
+def checked_throttle(label: str, signature: inspect.Signature,
+                     given: dict[str, Any]) -> ThrottleOptions:
+    """The options of ``@throttled(...)``, or InvalidJobConfiguration naming the value."""
+    from dedup_jobs.engine.throttle import concurrency_problem, rate_problem
+
+    _known(label, "throttled", given,
+           {"concurrency", "throttle", "throttle_on", "throttle_id", "throttle_via"})
+    concurrency, throttle = given.get("concurrency"), given.get("throttle")
+    if concurrency is None and throttle is None:
+        raise InvalidJobConfiguration(
+            f"{label}: @throttled() needs concurrency=N (runs at once) or throttle='K/s' "
+            f"(starts per second, minute or hour), or both.")
+    for problem in (concurrency_problem(concurrency), rate_problem(throttle)):
+        if problem:
+            raise InvalidJobConfiguration(f"{label}: {problem}")
+    fields = _key_options(label, "throttle", given, signature)
+    return ThrottleOptions(label=label, signature=signature, concurrency=int(concurrency or 0),
+                           throttle=throttle, throttle_on=fields,
+                           throttle_id=given.get("throttle_id"),
+                           throttle_via=given.get("throttle_via"))

@@ -20,7 +20,7 @@ class Message:
     """A delivery being decided."""
 
     name: str  # the job's registered name (log lines, metrics)
-    sender: type  # the job class: the sender of every signal about the message
+    sender: Any  # the job class (a Django task: the task): the sender of its signals
     owner: str  # its task id: the owner of whatever it holds
     header: Mapping[str, Any] | None = None  # its dedup header (None: published without one)
     observing: bool = False  # R3: decisions are reported, never enforced

@@ -172,7 +172,7 @@ def release_slot(job_name: str, slot: Slot | None) -> None:
 
 
 @contextmanager
-def holding(slot: Slot | None, sender: type, request: Any,
+def holding(slot: Slot | None, sender: Any, request: Any,
             keep_on: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Run the block holding ``slot`` (None: nothing to hold): renewed by the lease thread
     every third of LEASE_SECONDS (a SIGKILLed worker's slot frees within LEASE_SECONDS),
