@@ -19,7 +19,8 @@ HANDSHAKE = ("echo", "script", "select", "client", "hello", "auth", "ping")
 
 class ServerCounts:
     """Commands the Redis server received while the block ran (MONITOR, in a thread): the
-    store's EVALSHAs by script and the LPUSHes of the broker onto the tests' queue."""
+    store's EVALSHAs by script, the throttle admissions with their server times, and the
+    LPUSHes of the broker onto the tests' queue."""
 
     def __init__(self, store_db: int, broker_db: int, queue: str) -> None:
         url = settings.REDIS_URL
@@ -29,6 +30,9 @@ class ServerCounts:
         self.scripts: Counter[str] = Counter()
         self.other_store: Counter[str] = Counter()
         self.published = 0
+        #: (server time, command) of every throttle admission (THROTTLE_ADMIT) in the store
+        #: database: the owner's task id is among the command's arguments
+        self.admissions: list[tuple[float, str]] = []
         self._names = {sha: name for name, sha in scripts.SHA.items()}
 
     def run(self, action: Callable[[], None]) -> None:
@@ -47,7 +51,10 @@ class ServerCounts:
                     db, words = int(event.get("db", -1)), command.split(" ")
                     name = words[0].lower()
                     if db == self.store_db and name == "evalsha":
-                        self.scripts[self._names.get(words[1], words[1])] += 1
+                        script = self._names.get(words[1], words[1])
+                        self.scripts[script] += 1
+                        if script == "THROTTLE_ADMIT":
+                            self.admissions.append((float(event["time"]), command))
                     elif db == self.store_db and name not in HANDSHAKE:
                         self.other_store[name] += 1
                     elif db == self.broker_db and name == "lpush" and words[1] == self.queue:
@@ -62,3 +69,10 @@ class ServerCounts:
         finally:
             self._marker.echo(marker)
             thread.join(30)
+
+
+def admitted_at(admissions: list[tuple[float, str]], task_ids: list[str]) -> list[float]:
+    """When the store admitted each of ``task_ids`` (server time): its last admission call
+    (a deferred message calls again, with the same task id, until one admits it)."""
+    return [max(at for at, command in admissions if task_id in command)
+            for task_id in task_ids]
