@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "dedup_jobs",
+    "django_tasks_db",
     "example_project.shop",
 ]
 MIDDLEWARE = [
@@ -112,3 +113,7 @@ else:
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("DEDUP_JOBS_EXAMPLE_QUEUE", "shop")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_RESULT_EXPIRES = 3600
+
+# Django's own tasks (part 7 of the demo): rows in the same SQLite database, run by
+# `python manage.py db_worker`.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}

@@ -278,3 +278,23 @@ def test_bad_throttle_options_name_the_value() -> None:
         throttled()(task()(_function))
     with pytest.raises(InvalidJobConfiguration, match="throttle = '5 per second'"):
         throttled(throttle="5 per second")(task()(_function))
+
+
+def test_metrics_count_django_task_decisions() -> None:
+    """K4: decisions are counted under the task's module path, like a job's under its name."""
+    from dedup_jobs import metrics
+
+    name = "tests.django_tasks_jobs.raising"
+
+    def counted() -> dict[str, int]:
+        metrics.tally.fold()
+        return {outcome: n for (job, outcome), n in metrics.tally.totals.items() if job == name}
+
+    before = counted()
+    tasks.raising.enqueue(18)
+    tasks.raising.dedup.store().acquire(key_of(tasks.raising, 18), "holder-4", 60, now=0)
+    with pytest.raises(DuplicateJob):
+        tasks.raising.enqueue(18)
+    after = counted()
+    assert after.get("dispatched", 0) - before.get("dispatched", 0) == 1
+    assert after.get("deduplicated", 0) - before.get("deduplicated", 0) == 1

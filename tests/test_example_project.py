@@ -73,8 +73,9 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     AsyncResult resolving to that run, with a bounded handful of messages. R1: of 5 prices
     dispatched while queued, 4 are replaced (results REVOKED) and only the latest runs. R2:
     with two workers, triggers sent during a sync wait for it (job_deferred) and run after
-    it, never beside it, the later ones deduplicated onto the waiting one. The printed
-    figures agree with the database the demo wrote."""
+    it, never beside it, the later ones deduplicated onto the waiting one. K1-K3: 8 threads
+    enqueueing one Django task write one row, which a real db_worker runs once; the next
+    enqueue runs again. The printed figures agree with the database the demo wrote."""
     db = tmp_path / "demo.sqlite3"
     result = manage("demo", db=db)
     assert_ok(result)
@@ -118,6 +119,14 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert "dispatched 4, published 2, deduplicated 2, deferred " in overlap, out
     assert "ran 2, overlapping runs 0" in overlap, out
     assert "(job_deferred, reason 'overlap')" in overlap, out
+
+    django_tasks = part(out, 7)  # K1-K3: @unique over a Django @task, django-tasks-db
+    assert "enqueued 8, task rows written 1, deduplicated 7 (1 distinct result id)" \
+        in django_tasks, out
+    assert "1 successful row;" in django_tasks and "(deduplicated False)" in django_tasks
+    assert "2 successful rows" in django_tasks, out
+    assert query(db, "SELECT status, count(*) FROM django_tasks_database_dbtaskresult "
+                     "GROUP BY status") == [("SUCCESSFUL", 2)]
 
     # Independent of the printout: what the jobs wrote, and no lock left behind.
     assert query(db, "SELECT index_runs FROM shop_product WHERE id = 42") == [(1,)]

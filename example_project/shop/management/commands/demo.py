@@ -26,6 +26,7 @@ from django.db import connections
 from dedup_jobs.jobs import bursts
 from example_project.celery import app
 from example_project.shop import demo_flow, tasks
+from example_project.shop.demo_django_tasks import part_django_tasks
 from example_project.shop.demo_throttle import part_throttle
 from example_project.shop.demo_timeline import (
     FINISHED,
@@ -140,6 +141,7 @@ class Command(BaseCommand):
                         # A warm shutdown through the broker: the worker stops at once
                         # instead of finishing its current 2-second broker poll.
                         app.control.shutdown(destination=[worker.hostname])
+            part_django_tasks(self, product.id)
             connections.close_all()
             self.footer(time.monotonic() - started)
         if self.problems:
