@@ -73,6 +73,10 @@ DATABASES = {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": f"{_tmp}.sqlite3",
         "TEST": {"NAME": f"{_tmp}_test.sqlite3"},
+        # A write waits this long for another connection's write (a lease or rollback
+        # thread of an earlier test, a worker thread) instead of failing at Python's
+        # default 5 s, which a loaded 2-core CI machine overran once ("database is locked").
+        "OPTIONS": {"timeout": 20},
     },
     # MariaDB 10.11 (MySQL's syntax) in the server's own default isolation, REPEATABLE READ
     # (Django would otherwise pick READ COMMITTED), so that gap locks are in play. Listed
