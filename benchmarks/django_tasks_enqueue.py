@@ -8,6 +8,8 @@ rotating from round to round), ``--batch`` calls per batch, a fresh key per call
 unique enqueue takes a lock):
 
 - ``plain enqueue``: ``task.enqueue(n)`` (one INSERT, its commit, ``task_enqueued``);
+- ``plain, in transaction.atomic``: the same inside ``transaction.atomic()``, as a unique
+  enqueue runs it (a duplicate's row must roll back): BEGIN and COMMIT of its own;
 - ``unique, database store``: ``@unique(unique_via="database")``: the row and the lock in one
   transaction (the lock's statement rides in the row's transaction: one commit for both);
 - ``unique, redis store``: ``@unique(unique_via="redis")``: the row's transaction, and one
@@ -16,7 +18,8 @@ unique enqueue takes a lock):
   its own commit, which inside an enqueue it shares with the row).
 
 Prints a markdown table (median µs per call over the rounds, the ratio to the plain enqueue,
-and plain + decision beside the unique enqueue); asserts nothing. PostgreSQL: a database of
+plain + decision and plain-in-a-transaction + decision beside the unique enqueue, and the
+unique enqueue's own store call timed where it happens); asserts nothing. PostgreSQL: a database of
 its own, created and dropped here. Redis: ``DEDUP_JOBS_BENCH_REDIS`` (database 14 flushed).
 
     uv run python -m benchmarks.django_tasks_enqueue [--rounds 7] [--batch 200]
@@ -38,8 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_NAME = f"dedup_bench_tasks_{os.getpid()}"
-VARIANTS = ("plain enqueue", "unique, database store", "database decision alone",
-            "unique, redis store", "redis decision alone")
+VARIANTS = ("plain enqueue", "plain, in transaction.atomic", "unique, database store",
+            "database decision alone", "unique, redis store", "redis decision alone")
 
 
 def configure(database: str, name: str) -> None:
@@ -63,7 +66,8 @@ def configure(database: str, name: str) -> None:
                           "LOCATION": f"{redis_url}/14"},
                 "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}},
         TASKS={"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}},
-        DEDUP_JOBS={"STORE": "database"},
+        DEDUP_JOBS={"STORE": "database",
+                    "METRICS": os.environ.get("DEDUP_JOBS_BENCH_METRICS", "1") == "1"},
         LOGGING_CONFIG=None,
     )
 
@@ -97,24 +101,50 @@ def measure(database: str, pg_name: str, rounds: int, batch: int) -> dict[str, l
 
         return call
 
+    from django.db import transaction
+
+    def plain_atomic() -> object:
+        with transaction.atomic():
+            return bench.plain.enqueue(next(fresh))
+
     calls: dict[str, Callable[[], object]] = {
         "plain enqueue": lambda: bench.plain.enqueue(next(fresh)),
+        "plain, in transaction.atomic": plain_atomic,
         "unique, database store": lambda: bench.unique_database.enqueue(next(fresh)),
         "database decision alone": decision("database"),
         "unique, redis store": lambda: bench.unique_redis.enqueue(next(fresh)),
         "redis decision alone": decision("redis"),
     }
+    from dedup_jobs.django_tasks import enqueue
+
+    # the lock's store call timed where it happens, inside the unique enqueue (the store
+    # answers later there than in a loop of nothing else: its server was idle meanwhile)
+    in_place = [0.0]
+    take = enqueue.Decision.take
+
+    def timed_take(self: enqueue.Decision, owner: str) -> None:
+        started = time.perf_counter()
+        try:
+            take(self, owner)
+        finally:
+            in_place[0] += time.perf_counter() - started
+
+    enqueue.Decision.take = timed_take  # type: ignore[method-assign]
     for call in calls.values():  # warm up: connections, scripts, statement caches
         for _ in range(20):
             call()
     samples: dict[str, list[float]] = {name: [] for name in calls}
+    samples.update({f"{name} (in place)": [] for name in calls if name.startswith("unique")})
     order = list(calls)
     for round_ in range(rounds):
         for name in order[round_ % len(order):] + order[:round_ % len(order)]:
+            in_place[0] = 0.0
             started = time.perf_counter()
             for _ in range(batch):
                 calls[name]()
             samples[name].append((time.perf_counter() - started) / batch * 1e6)
+            if name.startswith("unique"):
+                samples[f"{name} (in place)"].append(in_place[0] / batch * 1e6)
     from django.db import connections
 
     connections.close_all()
@@ -130,18 +160,21 @@ def _pg(statement: str) -> None:
 
 
 def table(results: dict[str, dict[str, float]]) -> str:
-    lines = ["| database | enqueue | µs per call (median) | ÷ plain | plain + decision (µs) |",
-             "| --- | --- | ---: | ---: | ---: |"]
+    lines = ["| database | enqueue | µs per call (median) | ÷ plain | plain + decision (µs) "
+             "| plain in atomic + decision (µs) | its decision, timed in place (µs) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for database, figures in results.items():
         plain = figures["plain enqueue"]
+        atomic = figures["plain, in transaction.atomic"]
         for name in VARIANTS:
             value = figures[name]
-            plus = ""
+            plus = in_atomic = in_place = ""
             if name.startswith("unique, "):
-                store = name.split(", ")[1].split()[0]
-                plus = f"{plain + figures[f'{store} decision alone']:.0f}"
+                decision = figures[f"{name.split(', ')[1].split()[0]} decision alone"]
+                plus, in_atomic = f"{plain + decision:.0f}", f"{atomic + decision:.0f}"
+                in_place = f"{figures[f'{name} (in place)']:.0f}"
             lines.append(f"| {database} | {name} | {value:.0f} | {value / plain:.2f} | "
-                         f"{plus} |")
+                         f"{plus} | {in_atomic} | {in_place} |")
     return "\n".join(lines)
 
 
