@@ -104,3 +104,28 @@ def test_job_classes_show_debounced_and_throttled_tasks() -> None:
     throttled = row("throttled_held")
     assert "throttled (Django task)" in throttled
     assert 'title="per throttle key: key">1</td>' in throttled
+
+
+def test_a_debounced_tasks_burst_in_the_admin_and_clear_stale_locks() -> None:
+    """Debounced jobs lists a Django task's pending burst. clear_stale_locks keeps an
+    overdue burst whose task the backend still holds (a stopped worker: removing the burst
+    would run the task with its first arguments), and removes it once that task is gone."""
+    from django_tasks_db.models import DBTaskResult
+
+    from tests.test_admin import DEBOUNCES
+
+    burst = tasks.debounced_tail.enqueue("o", 1)
+    tasks.debounced_tail.enqueue("o", 2)
+    html = login("viewer", "view_joblock").get(DEBOUNCES + "?store=redis").content.decode()
+    assert "tests.django_tasks_jobs.debounced_tail" in html.replace("<wbr>", "")
+    store = tasks.debounced_tail.dedup.store()
+    key = tasks.debounced_tail.dedup.key(["o", 1], {}, store)
+    with override_settings(DEDUP_JOBS={"STORE": "redis", "LEASE_SECONDS": 0.5}):
+        deadline = time.monotonic() + 15
+        while "its Django task is still queued or running" not in (output := clear()):
+            assert time.monotonic() < deadline, output  # overdue: due (2 s) + 0.5 s
+            time.sleep(0.1)
+        assert store.get_debounce(key) is not None
+        DBTaskResult.objects.filter(id=burst.id).delete()  # its message is lost now
+        output = clear()
+    assert store.get_debounce(key) is None, output

@@ -15,6 +15,9 @@ from dedup_jobs.django_tasks.tasks import made
 
 logger = logging.getLogger("dedup_jobs")
 
+#: the statuses of a finished result
+FINISHED = frozenset({"SUCCESSFUL", "FAILED"})
+
 def unique_tasks() -> list[Any]:
     """Every unique Django task made in this process, one per module path, by path."""
     by_label = {task.dedup.label: task for task in made}
@@ -42,28 +45,33 @@ def kind_label(task: Any) -> str:
     return str(task.dedup.kind_label)
 
 
-def finished(task: Any, owner: str, *, not_found_after: float, acquired_at: float,
-             now: float) -> str | None:
-    """The status that makes ``owner``'s result finished (``SUCCESSFUL``, ``FAILED``), "not
-    found" for a result that no backend keeping results has once the lock is older than
-    ``not_found_after`` seconds (an enqueue that died before its commit), else None (pending,
-    or no backend that keeps results). The task's own backend is asked first, then every
-    other one configured (``using(backend=...)`` may have enqueued it elsewhere; result ids
-    are unique)."""
+def status_of(task: Any, owner: str) -> tuple[bool, str | None]:
+    """``(asked, status)``: whether a backend that keeps results was asked, and the status
+    of ``owner``'s result (None: no such backend has it). The task's own backend is asked
+    first, then every other one configured (``using(backend=...)`` may have enqueued it
+    elsewhere; result ids are unique)."""
     missing = compat.result_missing(task)
     handler = compat.package_of(task).task_backends
-    aliases = [task.backend, *(a for a in handler.settings if a != task.backend)]
     asked = False
-    for alias in aliases:
+    for alias in [task.backend, *(a for a in handler.settings if a != task.backend)]:
         backend = handler[alias]
         if not getattr(backend, "supports_get_result", False):
             continue
         asked = True
         try:
-            result = backend.get_result(owner)
+            return True, str(backend.get_result(owner).status)
         except missing:
             continue
-        return str(result.status) if result.is_finished else None
-    if asked and now - acquired_at > not_found_after:
-        return "not found"
-    return None
+    return asked, None
+
+
+def finished(task: Any, owner: str, *, not_found_after: float, acquired_at: float,
+             now: float) -> str | None:
+    """The status that makes ``owner``'s result finished (``SUCCESSFUL``, ``FAILED``), "not
+    found" for a result that no backend keeping results has once the lock is older than
+    ``not_found_after`` seconds (an enqueue that died before its commit), else None (pending,
+    or no backend that keeps results)."""
+    asked, status = status_of(task, owner)
+    if status is None:
+        return "not found" if asked and now - acquired_at > not_found_after else None
+    return status if status in FINISHED else None

@@ -195,6 +195,10 @@ class Command(BaseCommand):
                 self._say(f"would remove {label}: {reason}")
                 continue
             key = JobKey(key=state.key, task_name=state.task_name, ident=state.ident)
+            if self._burst_task_waits(state.task_name, state.message_id):
+                self.totals["bursts kept: task still queued"] += 1
+                self._say(f"kept {label}: its Django task is still queued or running", level=2)
+                continue
             job = registry.job_named(state.task_name)
             why = f"debounce burst released by clear_stale_locks: {reason}"
             if isinstance(job, DebouncedJob):
@@ -203,6 +207,20 @@ class Command(BaseCommand):
                 removed = debounce.take(target, key, state.message_id) is not None
             self.totals["bursts removed" if removed else "bursts changed meanwhile"] += 1
             self._say(f"{'removed' if removed else 'kept'} {label}: {reason}", level=2)
+
+    @staticmethod
+    def _burst_task_waits(task_name: str, message_id: str) -> bool:
+        """K4: a debounced Django task's burst whose task (its message) the task backend
+        still holds, READY or RUNNING: a stopped worker, not a lost message. Kept: removing
+        the burst would run that task with its first arguments, not the latest."""
+        task = django_tasks.find(task_name)
+        if task is None:
+            return False
+        try:
+            _asked, status = django_tasks.status_of(task, message_id)
+        except Exception:
+            return True  # the backend cannot say: keep it (the next run decides)
+        return status is not None and status not in django_tasks.FINISHED
 
     def _batch(self, target: BaseStore, batch: list[LockInfo]) -> None:
         locks = [lock for lock in batch if self.job is None or lock.task_name == self.job]
