@@ -69,14 +69,17 @@ STATIC_URL = "/static/"
 _tmp = os.path.join(tempfile.gettempdir(), f"dedup_jobs_tests_{os.getpid()}")
 DATABASES = {
     # A file, not :memory:, so that worker threads and the test share one database.
+    # Several connections write to it at once (the tests' threads, in-process workers, the
+    # process-wide lease and rollback threads): a transaction that reads, then writes, in
+    # SQLite's default DEFERRED mode fails at once with "database is locked" when another
+    # connection writes meanwhile (SQLite never waits to upgrade a read lock, whatever the
+    # timeout). IMMEDIATE takes the write lock at BEGIN, where a busy connection waits for
+    # it, up to "timeout" seconds (the example project's settings, example_project/settings.py).
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": f"{_tmp}.sqlite3",
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         "TEST": {"NAME": f"{_tmp}_test.sqlite3"},
-        # A write waits this long for another connection's write (a lease or rollback
-        # thread of an earlier test, a worker thread) instead of failing at Python's
-        # default 5 s, which a loaded 2-core CI machine overran once ("database is locked").
-        "OPTIONS": {"timeout": 20},
     },
     # MariaDB 10.11 (MySQL's syntax) in the server's own default isolation, REPEATABLE READ
     # (Django would otherwise pick READ COMMITTED), so that gap locks are in play. Listed
