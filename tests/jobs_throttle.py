@@ -55,3 +55,43 @@ def bench_two_at_once(tag: int = 0, seconds: float = 0.0) -> int:
 @shared_task(base=ThrottledJob, name="tests.bench_ten_per_second", throttle="10/s")
 def bench_ten_per_second(tag: int = 0) -> int:
     return tag
+
+
+class PerPlanConcurrency(ThrottledJob):
+    """L1: one run at a time per "free" plan, no limit for "vip" (only a limit method)."""
+
+    name = "tests.per_plan_concurrency"
+    throttle_on = ("plan",)
+
+    def concurrency(self, plan: str, tag: int = 0, seconds: float = 0.0) -> int | None:
+        return None if plan == "vip" else 1
+
+    def run(self, plan: str, tag: int = 0, seconds: float = 0.0) -> int:
+        start = time.time()
+        time.sleep(seconds)
+        record("per_plan_concurrency", (plan, tag, start, time.time()))
+        return tag
+
+
+class PerPlanRate(ThrottledJob):
+    """L1: "2/s" per "free" plan, no limit for "vip"; "bad" returns a value that is no rate."""
+
+    name = "tests.per_plan_rate"
+    throttle_on = ("plan",)
+
+    def throttle(self, plan: str, tag: int = 0) -> str | None:
+        return {"free": "2/s", "vip": None}.get(plan, "2 per second")
+
+    def run(self, plan: str, tag: int = 0) -> int:
+        record("per_plan_rate", (plan, tag, time.time()))
+        return tag
+
+
+def _register_class_jobs() -> tuple[PerPlanConcurrency, PerPlanRate]:
+    from tests.celery_app import app
+
+    found = app.register_task(PerPlanConcurrency()), app.register_task(PerPlanRate())
+    return found  # type: ignore[return-value]
+
+
+per_plan_concurrency, per_plan_rate = _register_class_jobs()

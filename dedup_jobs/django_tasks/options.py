@@ -237,8 +237,8 @@ class ThrottleOptions:
 
     label: str
     signature: inspect.Signature
-    concurrency: int = 0  # T2: runs of one throttle key at once (0: no limit)
-    throttle: str | None = None  # T3: "K/s", "K/m", "K/h"
+    concurrency: Any = None  # T2: runs of one throttle key at once (L1: or a function)
+    throttle: Any = None  # T3: "K/s", "K/m", "K/h" (L1: or a function of the call)
     throttle_on: tuple[str, ...] | None = None
     throttle_id: Callable[..., Any] | None = None
     throttle_via: str | Callable[[], str] | None = None
@@ -278,7 +278,7 @@ def checked_throttle(label: str, signature: inspect.Signature,
         if problem:
             raise InvalidJobConfiguration(f"{label}: {problem}")
     fields = _key_options(label, "throttle", given, signature)
-    return ThrottleOptions(label=label, signature=signature, concurrency=int(concurrency or 0),
+    return ThrottleOptions(label=label, signature=signature, concurrency=concurrency,
                            throttle=throttle, throttle_on=fields,
                            throttle_id=given.get("throttle_id"),
                            throttle_via=given.get("throttle_via"))

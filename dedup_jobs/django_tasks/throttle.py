@@ -23,7 +23,7 @@ from dedup_jobs.django_tasks.options import ThrottleOptions
 from dedup_jobs.django_tasks.results import marked
 from dedup_jobs.django_tasks.tasks import TaskMixin
 from dedup_jobs.engine.message import Message
-from dedup_jobs.engine.throttle import holding, parse_rate
+from dedup_jobs.engine.throttle import call_limits, holding
 from dedup_jobs.engine.throttle_admission import admit
 from dedup_jobs.exceptions import InvalidJobConfiguration, TaskDeferred
 
@@ -71,8 +71,12 @@ class ThrottledTaskMixin(TaskMixin):
                 *started.args, **call_kwargs, **{OWNER: message.owner})
             again.append((str(result.id), run_after.isoformat()))
 
-        throttled = admit(message, key, store.alias, store, concurrency=options.concurrency,
-                          rate=parse_rate(options.throttle), again=enqueue_again)
+        concurrency, rate = call_limits(options.label, options.concurrency, options.throttle,
+                                        started.args, call_kwargs)
+        if not concurrency and rate is None:  # L1: no limit for this call
+            return super().call(*args, **kwargs)  # type: ignore[misc]
+        throttled = admit(message, key, store.alias, store, concurrency=concurrency,
+                          rate=rate, again=enqueue_again)
         if throttled.waits:
             new_id, run_after = again[-1]
             raise TaskDeferred(options.label, key.key, new_id, run_after)

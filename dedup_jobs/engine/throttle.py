@@ -42,8 +42,9 @@ class Rate:
 
 
 def rate_problem(value: Any) -> str | None:
-    """Why ``throttle = value`` cannot work (a sentence naming it), or None."""
-    if value is None:
+    """Why ``throttle = value`` cannot work (a sentence naming it), or None (also for a
+    method, L1: its values are checked per call, :meth:`ThrottleOptions.limits_for`)."""
+    if value is None or callable(value):
         return None
     if not isinstance(value, str) or _RATE.match(value) is None:
         return (f"throttle = {value!r} is not a rate: write \"K/s\", \"K/m\" or \"K/h\" "
@@ -67,8 +68,8 @@ def parse_rate(value: str | None) -> Rate | None:
 
 
 def concurrency_problem(value: Any) -> str | None:
-    """Why ``concurrency = value`` cannot work, or None."""
-    if value is None:
+    """Why ``concurrency = value`` cannot work, or None (also for a method, L1)."""
+    if value is None or callable(value):
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         return (f"concurrency = {value!r} must be a whole number of runs at once, 1 or "
@@ -80,10 +81,12 @@ class ThrottleOptions:
     """The throttle options, mixed into every dedup kind (T1). Both limits are off (None)
     unless set; with neither, a job is not throttled and pays nothing for it."""
 
-    #: T2: at most this many runs of one throttle key at once, across all workers
-    concurrency: int | None = None
-    #: T3: "K/s", "K/m" or "K/h": at most K starts per period of one throttle key
-    throttle: str | None = None
+    #: T2: at most this many runs of one throttle key at once, across all workers (L1: or a
+    #: method taking the call's arguments; None from it: no limit for that call)
+    concurrency: Any = None
+    #: T3: "K/s", "K/m" or "K/h": at most K starts per period of one throttle key (L1: or a
+    #: method, as ``concurrency``)
+    throttle: Any = None
     #: argument names that form the throttle id (default: none, one limit for the job)
     throttle_on: tuple[str, ...] | None = None
     #: a CACHES alias or "database" (attribute, or a method returning it); default the STORE
@@ -106,6 +109,11 @@ class ThrottleOptions:
 
     def throttled(self) -> bool:
         return self.concurrency is not None or self.throttle is not None
+
+    def limits_for(self, args: Sequence[Any] | None,
+                   kwargs: Mapping[str, Any] | None) -> tuple[int, Rate | None]:
+        """L1: the limits of one call (see :func:`call_limits`)."""
+        return call_limits(self.name, self.concurrency, self.throttle, args, kwargs)
 
     def throttle_alias(self) -> str:
         via = self.throttle_via
@@ -135,6 +143,31 @@ class ThrottleOptions:
         if problem is not None:
             raise InvalidJobId(self.name, source, ident, problem)
         return keys.build_key("throttle", self.name, ident)
+
+
+def call_limits(job: str, concurrency: Any, throttle: Any, args: Sequence[Any] | None,
+                kwargs: Mapping[str, Any] | None) -> tuple[int, Rate | None]:
+    """L1: the limits of one call of ``job``: ``(concurrency, rate)``, 0 and None for no
+    limit. A limit given as a function (a job's method) is called with the call's arguments;
+    a value it returns that cannot be a limit raises InvalidJobConfiguration naming the job,
+    the method and the value (a static limit was checked when the job was made)."""
+    return (int(_limit_of(job, "concurrency", concurrency, args, kwargs,
+                          concurrency_problem) or 0),
+            parse_rate(_limit_of(job, "throttle", throttle, args, kwargs, rate_problem)))
+
+
+def _limit_of(job: str, name: str, value: Any, args: Sequence[Any] | None,
+              kwargs: Mapping[str, Any] | None, problem_of: Callable[[Any], str | None]) -> Any:
+    if not callable(value):
+        return value
+    found = value(*(args or ()), **(kwargs or {}))
+    problem = "it is not a limit." if callable(found) else problem_of(found)
+    if problem is not None:
+        shown = "a function" if callable(found) else repr(found)
+        raise InvalidJobConfiguration(
+            f"{job}: {name}() returned {shown} for this call: {problem} Return a limit, or "
+            f"None for no {name} limit for this call.")
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,7 +47,7 @@ from dedup_jobs.engine import takeover, throttle_admission
 from dedup_jobs.engine.message import Message
 from dedup_jobs.engine.start import DEFERRED, NONCE, Check, check_for, overlap_wait, put_off_wait
 from dedup_jobs.engine.store_errors import defer_for_store
-from dedup_jobs.engine.throttle import Slot, parse_rate, release_slot
+from dedup_jobs.engine.throttle import Slot, release_slot
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
@@ -227,11 +227,14 @@ def admit_throttle(
     in doubt, run): no key, or a store that cannot throttle."""
     if not job.throttled():
         return None
+    # L1: the limits of this call (a method's bad value raises, naming it, not a store error)
+    concurrency, rate = job.limits_for(args, kwargs)
+    if not concurrency and rate is None:
+        return None  # no limit for this call: nothing to ask the store
     message = message or message_of(job, None)
     try:
         key, alias = job.throttle_key(args, kwargs), job.throttle_alias()
         store = job.store(alias)
-        rate = parse_rate(job.throttle)
     except Exception:
         logger.warning("%s[%s]: no throttle key could be computed; running unthrottled.",
                        job.name, message.owner, exc_info=True)
@@ -241,8 +244,7 @@ def admit_throttle(
                        "unthrottled.", job.name, message.owner, alias)
         return None
     throttled = throttle_admission.admit(message, key, alias, store,
-                                         concurrency=int(job.concurrency or 0), rate=rate,
-                                         again=again)
+                                         concurrency=concurrency, rate=rate, again=again)
     if throttled.waits:
         raise Ignore()
     return throttled.slot

@@ -42,7 +42,7 @@ class ThrottledJob(DedupJob):
         if cls.concurrency is None and cls.throttle is None:
             raise InvalidJobConfiguration(
                 f"{label}: a ThrottledJob needs concurrency = N or throttle = \"K/s\" (or "
-                f"both); it has neither.")
+                f"both, or a method for either, L1); it has neither.")
         super().validate_options()
 
     def apply_async(  # type: ignore[override]
@@ -53,10 +53,14 @@ class ThrottledJob(DedupJob):
         if retry:
             # a retry (same id) keeps the slot of the attempt that is ending (T2)
             self.request.update(dedup_slot_kept=True)
-        elif getattr(self, "throttle_id", None) is not None:
-            # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused here,
-            # naming the hook, rather than running unthrottled at the worker
-            self.throttle_key(args, kwargs)
+        else:
+            if getattr(self, "throttle_id", None) is not None:
+                # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused
+                # here, naming the hook, rather than running unthrottled at the worker
+                self.throttle_key(args, kwargs)
+            if callable(self.concurrency) or callable(self.throttle):
+                # L1: a limit method's bad value is refused here, at dispatch, naming it
+                self.limits_for(args, kwargs)
         result = super().apply_async(args, kwargs, task_id, **options)
         if not retry:
             # A5: a dispatch published (a deferral's re-publish is counted "deferred" and
