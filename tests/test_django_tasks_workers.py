@@ -67,8 +67,10 @@ def _recreate(spec: str, *, create: bool) -> None:
             db.execute(f'CREATE DATABASE "{name}"')
 
 
+#: PostgreSQL runs in the slow matrix step (uv run pytest -m matrix), SQLite in the README's
+#: test command: the same tests, with db_worker processes on each
 @pytest.fixture(scope="module", params=[
-    "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+    "sqlite", pytest.param("postgres", marks=[pytest.mark.postgres, pytest.mark.matrix])])
 def site(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
          ) -> Iterator[Site]:
     if request.param == "sqlite":
