@@ -22,8 +22,9 @@ class ServerCounts:
     store's EVALSHAs by script, the throttle admissions with their server times, and the
     LPUSHes of the broker onto the tests' queue."""
 
-    def __init__(self, store_db: int, broker_db: int, queue: str) -> None:
-        url = settings.REDIS_URL
+    def __init__(self, store_db: int, broker_db: int, queue: str,
+                 url: str | None = None) -> None:
+        url = url or settings.REDIS_URL  # a server's URL, without a database
         self._watcher = redis.Redis.from_url(url)
         self._marker = redis.Redis.from_url(f"{url}/{store_db}")
         self.store_db, self.broker_db, self.queue = store_db, broker_db, queue
