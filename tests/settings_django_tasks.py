@@ -1,7 +1,10 @@
 """Settings of the processes that enqueue and run Django tasks on django-tasks-db in
 tests/test_django_tasks_workers.py (enqueuers, ``db_worker``): the task rows on their own
 database (``DEDUP_TASKS_DB``: ``sqlite:<path>`` or ``postgres:<name>``), the lock store
-``DEDUP_TASKS_STORE`` ("database": the rows' database, one transaction with them)."""
+``DEDUP_TASKS_STORE`` ("database": the rows' database, one transaction with them).
+
+``DEDUP_TASKS_RQ``: a Redis URL; the "rq" backend (django-tasks-rq's RQBackend, run by a real
+``rqworker`` in tests/test_django_tasks_rq.py) queues there."""
 
 from __future__ import annotations
 
@@ -26,6 +29,10 @@ else:
 
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
          "db": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+if _rq := os.environ.get("DEDUP_TASKS_RQ"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "django_rq"]  # noqa: F405
+    RQ_QUEUES = {"default": {"URL": _rq, "DEFAULT_TIMEOUT": 120}}
+    TASKS["rq"] = {"BACKEND": "django_tasks_rq.RQBackend", "QUEUES": ["default"]}
 DEDUP_JOBS = {
     "STORE": os.environ.get("DEDUP_TASKS_STORE", "database"),
     "LEASE_SECONDS": float(os.environ.get("DEDUP_TASKS_LEASE", "60")),

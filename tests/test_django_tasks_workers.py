@@ -123,15 +123,14 @@ def enqueue(site: Site, task: str, *args: Any, threads: int = 1, processes: int 
 
 
 @contextmanager
-def db_worker(site: Site, backend: str = "default",
-              **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A real ``db_worker`` process for ``backend``; SIGKILLed at the end if still alive."""
-    log = open(ROOT / f".db-worker-{os.getpid()}.log", "ab")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "db_worker", "--interval", "0.05",
-         "--no-startup-delay", "--worker-id", new_request_id()[:20], "--backend", backend],
-        cwd=ROOT, env=site.env(**env), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)
+def worker_process(site: Site, name: str, *args: str,
+                   **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m django *args`` (a worker) in a session of its own, logged to
+    ``.<name>-<pid>.log``; SIGKILLed with its children at the end if still alive."""
+    log = open(ROOT / f".{name}-{os.getpid()}.log", "ab")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "django", *args], cwd=ROOT,
+                            env=site.env(**env), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         yield proc
     finally:
@@ -139,6 +138,16 @@ def db_worker(site: Site, backend: str = "default",
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         log.close()
+
+
+@contextmanager
+def db_worker(site: Site, backend: str = "default",
+              **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A real ``db_worker`` process for ``backend``."""
+    with worker_process(site, "db-worker", "db_worker", "--interval", "0.05",
+                        "--no-startup-delay", "--worker-id", new_request_id()[:20],
+                        "--backend", backend, **env) as proc:
+        yield proc
 
 
 def until(what: Callable[[], Any], timeout: float = 60.0) -> Any:
