@@ -109,6 +109,25 @@ def throttled_held(key: str, token: str) -> str:
     return str(_run(f"throttled_held:{key}", f"{token}:end"))
 
 
+def _unique_for_plan(plan: str, n: int = 0) -> float | None:
+    return {"free": 120.0, "vip": None}.get(plan, "soon")  # type: ignore[return-value]
+
+
+@unique(unique_for=_unique_for_plan)
+@task(backend="db")
+def per_plan_unique(plan: str, n: int = 0) -> int:
+    """L1: a "free" call's lock lives 120 s, "vip" the default; "bad" answers no seconds."""
+    return int(_run(f"per_plan_unique:{plan}", n))
+
+
+@debounced(debounce_for=lambda plan, n=0: None if plan == "vip" else 1.0,
+           max_wait=lambda plan, n=0: 0.5 if plan == "short" else 30.0, debounce_on=("plan",))
+@task(backend="db")
+def per_plan_debounced(plan: str, n: int = 0) -> int:
+    """L1: a "free" burst waits 1 s; "vip" is not debounced; "short" caps below it."""
+    return int(_run(f"per_plan_debounced:{plan}", n))
+
+
 @task(backend=BACKEND)
 def plain(token: str) -> str:
     return str(_run(f"plain:{token}", token))

@@ -106,4 +106,4 @@ _register_class_jobs()
 
 
 # the flow-control jobs (R1-R3) and the throttled jobs (T1-T5), for workers
-from tests import jobs_flow, jobs_throttle  # noqa: E402, F401
+from tests import jobs_flow, jobs_limits, jobs_throttle  # noqa: E402, F401

@@ -236,15 +236,15 @@ def test_job_classes_lists_every_registered_job() -> None:
         "tests.recalculate_invoice",
     } <= set(rows)
     assert "UniqueUntilProcessingJob" in rows["tests.until_processing"]
-    assert '<td class="nowrap">1 min</td>' in rows["tests.unique_add"]
+    assert '<td class="seconds">1\xa0min</td>' in rows["tests.unique_add"]
     assert '<td class="ident">a</td>' in rows["tests.unique_add"]
     assert "unique_id()" in rows["tests.recalculate_invoice"]
     assert "raise" in rows["tests.recalculate_invoice"]
     assert "all arguments (item, seconds)" in rows["tests.unique_sleep"]
     assert "DebouncedJob" in rows["tests.debounce_slow"]
     # debounce_for, not rounded
-    assert '<td class="nowrap">0.5 s</td>' in rows["tests.debounce_slow"]
-    assert ('<td class="nowrap">1 s</td>\n        <td class="nowrap">3 s</td>'
+    assert '<td class="seconds">0.5\xa0s</td>' in rows["tests.debounce_slow"]
+    assert ('<td class="seconds">1\xa0s</td>\n        <td class="seconds">3\xa0s</td>'
             in rows["tests.debounce_record"])
     assert "debounce_id()" in rows["tests.rebuild_index"]
 

@@ -100,7 +100,7 @@ def test_job_classes_show_debounced_and_throttled_tasks() -> None:
         return found.group(1)
 
     debounced = row("debounced_tail")
-    assert "debounced (Django task)" in debounced and '<td class="nowrap">2 s</td>' in debounced
+    assert "debounced (Django task)" in debounced and '<td class="seconds">2\xa0s</td>' in debounced
     throttled = row("throttled_held")
     assert "throttled (Django task)" in throttled
     assert 'title="per throttle key: key">1</td>' in throttled

@@ -60,7 +60,7 @@ from hypothesis.stateful import (
 
 from dedup_jobs import clock
 from dedup_jobs.exceptions import StoreUnavailable
-from dedup_jobs.jobs import bursts, unique
+from dedup_jobs.jobs import bursts, undo, unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore, encode_call, running_key
@@ -126,7 +126,8 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         self.turns: dict[str, float] = {}  # a deferred T message's turn (the store's clock)
         self.backend = self
         self.serial = 0
-        monkeypatch.setattr(unique, "rollbacks", self)
+        for module in (unique, undo):  # undo_lock and the release hand undos here
+            monkeypatch.setattr(module, "rollbacks", self)
 
     # -- stand-ins -----------------------------------------------------------------------
 

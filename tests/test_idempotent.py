@@ -12,6 +12,7 @@ import pytest
 from django.test import override_settings
 
 from dedup_jobs import clock
+from dedup_jobs.jobs import undo as undo_module
 from dedup_jobs.jobs import unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
@@ -131,7 +132,7 @@ def test_undo_of_a_lost_lock_still_revokes_its_id(
                 give_up: Any = None) -> None:
             undos.append(call)
 
-    monkeypatch.setattr(unique, "rollbacks", Recorder())
+    monkeypatch.setattr(undo_module, "rollbacks", Recorder())
     job = _Results()
     store.acquire(LOCK, "lost", 30, now=clock.now())  # its reply never arrives
     unique.undo_lock(job, store, LOCK, "lost", 30)  # type: ignore[arg-type]

@@ -57,7 +57,7 @@ from hypothesis.stateful import (
 )
 
 from dedup_jobs import clock
-from dedup_jobs.jobs import unique
+from dedup_jobs.jobs import undo, unique
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
 
@@ -115,7 +115,8 @@ class LockProtocol(RuleBasedStateMachine):
         self.serial = 0
         self.losses = 0
         # undo_lock hands its undo to this machine, which runs it when the store answers again
-        monkeypatch.setattr(unique, "rollbacks", self)
+        for module in (unique, undo):  # undo_lock and the release hand undos here
+            monkeypatch.setattr(module, "rollbacks", self)
 
     # -- helpers and dispatch ------------------------------------------------------------
 

@@ -34,11 +34,14 @@ def key_fields(job: DedupJob) -> str:
 
 def _seconds(value: Any, default: float | None = None) -> str:
     """A job option in seconds as written ("0.5 s", "90 s"), whole minutes and hours
-    shortened ("10 min", "1 h")."""
+    shortened ("10 min", "1 h"); "per call" for a method (L1)."""
     if value is None:
         return "" if default is None else f"{_seconds(default)} (default)"
+    if callable(value):
+        return "per call"
     seconds = float(value)
-    return duration(seconds) if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+    shown = duration(seconds) if seconds >= 60 and seconds % 60 == 0 else f"{seconds:g} s"
+    return shown.replace(" ", "\u00a0")  # "10 min" never splits; " (default)" may wrap
 
 
 def limit(value: Any) -> str:

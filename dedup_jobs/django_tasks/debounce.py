@@ -58,6 +58,8 @@ class Burst:
     owner: str | None = None
     started: bool = False  # this enqueue's task is the burst's message
     absorbed_into: str | None = None  # the burst's message, when absorbed
+    debounce_for: float = 0.0  # this call's (L1)
+    max_wait: float | None = None
 
     def take(self, owner: str) -> None:
         """The one store call (``enqueue.on_enqueued``); raises StoreUnavailable."""
@@ -65,7 +67,7 @@ class Burst:
         try:
             answer = self.store.debounce(
                 self.key, owner, self.payload, now=clock.now(),
-                debounce_for=self.options.debounce_for, max_wait=self.options.max_wait,
+                debounce_for=self.debounce_for, max_wait=self.max_wait,
                 ttl=STATE_GRACE)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR == "enqueue":
@@ -113,11 +115,17 @@ class DebouncedTaskMixin(TaskMixin):
                 f"Use django-tasks-db's DatabaseBackend or django-tasks-rq's RQBackend.")
         store = options.store()
         normalized_args, normalized_kwargs = compat.normalize(self, args, kwargs)
+        quiet, cap = options.times(normalized_args, normalized_kwargs)
+        if quiet is None:  # L1: no debounce for this call (its worker finds no burst: runs)
+            result = super().enqueue(*args, **kwargs)  # type: ignore[misc]
+            metrics.decision(options.label, "dispatched")
+            return marked(result, deduplicated=False)
         burst = Burst(task=self, label=options.label, options=options, store=store,
                       key=options.key(normalized_args, normalized_kwargs, store),
-                      payload=encode_call(normalized_args, normalized_kwargs))
+                      payload=encode_call(normalized_args, normalized_kwargs),
+                      debounce_for=quiet, max_wait=cap)
         run_after = (datetime.datetime.now(tz=datetime.UTC)
-                     + datetime.timedelta(seconds=options.debounce_for))
+                     + datetime.timedelta(seconds=quiet))
         deferred = self.using(run_after=run_after)  # type: ignore[attr-defined]
         try:
             with enqueue.deciding(burst), enqueue.atomic_for(backend):  # type: ignore[arg-type]
@@ -154,6 +162,10 @@ def run_burst(options: DebounceOptions, result: Any,
     owner = str(result.id)
     store = options.store()
     key = options.key(result.args, result.kwargs, store)
+    try:  # the longest wait between two looks at a burst that is not due yet
+        nap = options.times(result.args, result.kwargs)[0] or 1.0
+    except InvalidJobConfiguration:
+        nap = 1.0
     tries = 0
     while True:
         try:
@@ -169,7 +181,7 @@ def run_burst(options: DebounceOptions, result: Any,
             continue
         if due.action == WAIT:
             time.sleep(max(0.0, min(float(due.wait_until or 0) - clock.now(),
-                                    options.debounce_for)))
+                                    nap)))
             continue
         if due.action == CLAIMED:
             metrics.decision(options.label, "ran", key.key)

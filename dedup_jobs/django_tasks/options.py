@@ -13,6 +13,7 @@ from typing import Any
 
 from dedup_jobs import keys
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
+from dedup_jobs.engine.limits import debounce_times, seconds_of
 from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -33,7 +34,7 @@ class UniqueOptions:
     label: str  # the task's module path: its name in keys, logs, metrics and the admin
     signature: inspect.Signature  # the call's parameters (``context`` left out)
     release_on_start: bool = False
-    unique_for: float | None = None
+    unique_for: float | Callable[..., Any] | None = None  # a function of the call (L1)
     unique_on: tuple[str, ...] | None = None
     unique_id: Callable[..., Any] | None = None
     unique_via: str | Callable[[], str] | None = None
@@ -44,8 +45,11 @@ class UniqueOptions:
         return ("unique until processing (Django task)" if self.release_on_start
                 else "unique (Django task)")
 
-    def lock_ttl(self) -> float:
-        return float(self.unique_for or app_settings.DEFAULT_UNIQUE_FOR)
+    def lock_ttl(self, args: Sequence[Any], kwargs: dict[str, Any]) -> float:
+        """The lock's lifetime for a call with these arguments (L1: ``unique_for``'s answer
+        for them when it is a function), else DEFAULT_UNIQUE_FOR."""
+        found = seconds_of(self.label, "unique_for", self.unique_for, args, kwargs)
+        return float(app_settings.DEFAULT_UNIQUE_FOR if found is None else found)
 
     def store_alias(self) -> str:
         via = self.unique_via() if callable(self.unique_via) else self.unique_via
@@ -164,7 +168,8 @@ def checked(label: str, signature: inspect.Signature, given: dict[str, Any],
     _known(label, "unique", given,
            {"unique_for", "unique_on", "unique_id", "unique_via", "on_duplicate"})
     unique_for = given.get("unique_for")
-    if unique_for is not None and (not is_seconds(unique_for) or unique_for <= 0):
+    if (unique_for is not None and not callable(unique_for)
+            and (not is_seconds(unique_for) or unique_for <= 0)):
         raise InvalidJobConfiguration(
             f"{label}: unique_for = {unique_for!r} must be a number of seconds above 0"
             f"{not_finite(unique_for)}.")
@@ -188,8 +193,8 @@ class DebounceOptions:
 
     label: str
     signature: inspect.Signature
-    debounce_for: float
-    max_wait: float | None = None
+    debounce_for: float | Callable[..., Any]  # or a function of the call (L1)
+    max_wait: float | Callable[..., Any] | None = None
     debounce_on: tuple[str, ...] | None = None
     debounce_id: Callable[..., Any] | None = None
     debounce_via: str | Callable[[], str] | None = None
@@ -203,6 +208,12 @@ class DebounceOptions:
     def store(self) -> BaseStore:
         return get_store(self.store_alias())
 
+    def times(self, args: Sequence[Any],
+              kwargs: dict[str, Any]) -> tuple[float | None, float | None]:
+        """``(debounce_for, max_wait)`` of a call with these arguments (L1: the functions'
+        answers for them); debounce_for None: this call is not debounced."""
+        return debounce_times(self.label, self.debounce_for, self.max_wait, args, kwargs)
+
     def key(self, args: Sequence[Any], kwargs: dict[str, Any],
             store: BaseStore) -> keys.JobKey:
         return call_key("debounce", self.label, self.signature, self.debounce_id,
@@ -215,18 +226,22 @@ def checked_debounce(label: str, signature: inspect.Signature,
     _known(label, "debounced", given,
            {"debounce_for", "max_wait", "debounce_on", "debounce_id", "debounce_via"})
     debounce_for: Any = given.get("debounce_for")
-    if not is_seconds(debounce_for) or debounce_for <= 0:
+    if not callable(debounce_for) and (not is_seconds(debounce_for) or debounce_for <= 0):
         raise InvalidJobConfiguration(
             f"{label}: debounce_for = {debounce_for!r} must be a number of seconds above 0"
-            f"{not_finite(debounce_for)}, e.g. @debounced(debounce_for=30).")
+            f"{not_finite(debounce_for)}, e.g. @debounced(debounce_for=30), or a function "
+            f"of the call's arguments returning them.")
     max_wait = given.get("max_wait")
-    if max_wait is not None and (not is_seconds(max_wait) or max_wait < debounce_for):
+    if max_wait is not None and not callable(max_wait) and (
+            not is_seconds(max_wait)
+            or (not callable(debounce_for) and max_wait < debounce_for)):
         raise InvalidJobConfiguration(
             f"{label}: max_wait = {max_wait!r} must be a number of seconds no smaller than "
             f"debounce_for ({debounce_for!r}){not_finite(max_wait)}.")
     fields = _key_options(label, "debounce", given, signature)
-    return DebounceOptions(label=label, signature=signature, debounce_for=float(debounce_for),
-                           max_wait=None if max_wait is None else float(max_wait),
+    return DebounceOptions(label=label, signature=signature,
+                           debounce_for=_seconds_or_function(debounce_for),
+                           max_wait=None if max_wait is None else _seconds_or_function(max_wait),
                            debounce_on=fields, debounce_id=given.get("debounce_id"),
                            debounce_via=given.get("debounce_via"))
 
@@ -282,3 +297,7 @@ def checked_throttle(label: str, signature: inspect.Signature,
                            throttle=throttle, throttle_on=fields,
                            throttle_id=given.get("throttle_id"),
                            throttle_via=given.get("throttle_via"))
+
+
+def _seconds_or_function(value: Any) -> Any:
+    return value if callable(value) else float(value)

@@ -89,4 +89,4 @@ def run_checked(task: Any, options: UniqueOptions, result: Any, call: Any) -> An
         if held is None or held.granted is not False:
             released(task, options.label, store, key, owner,
                      "processing" if options.release_on_start else reason,
-                     options.lock_ttl())
+                     options.lock_ttl(result.args, result.kwargs))

@@ -49,7 +49,8 @@ class UniqueTaskMixin(TaskMixin):
         normalized_args, normalized_kwargs = compat.normalize(self, args, kwargs)
         key = options.key(normalized_args, normalized_kwargs, store)
         decision = enqueue.Decision(task=self, label=options.label, key=key, store=store,
-                                    ttl=options.lock_ttl() + _wait(self))
+                                    ttl=options.lock_ttl(normalized_args, normalized_kwargs)
+                                    + _wait(self))
         backend = self.get_backend()  # type: ignore[attr-defined]
         try:
             with enqueue.deciding(decision), enqueue.atomic_for(backend):

@@ -24,6 +24,7 @@ from celery.result import AsyncResult
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine import debounce
+from dedup_jobs.engine.limits import debounce_times
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
@@ -67,11 +68,12 @@ class DebouncedJob(DedupJob):
     _id_hook = "debounce_id"
     _via_option = "debounce_via"
 
-    #: seconds of quiet after the last dispatch before the job runs (required, > 0)
-    debounce_for: float | None = None
+    #: seconds of quiet after the last dispatch before the job runs (required, > 0); or a
+    #: method of the call's arguments (L1; None from it: this call is not debounced)
+    debounce_for: Any = None
     #: seconds after a burst's first dispatch by which it runs however busy the stream
-    #: (>= debounce_for; None: no cap)
-    max_wait: float | None = None
+    #: (>= debounce_for; None: no cap); or a method of the call's arguments (L1)
+    max_wait: Any = None
     #: argument names that form the debounce id (default: all arguments of run)
     debounce_on: tuple[str, ...] | None = None
     #: a CACHES alias or "database" (attribute, or a method returning it)
@@ -127,7 +129,9 @@ class DebouncedJob(DedupJob):
         key = self.job_key(args, kwargs)
         alias = self.store_alias()
         store = self.store(alias)
-        debounce_for = float(self.debounce_for or 0)
+        debounce_for, max_wait = self.debounce_times(args, kwargs)
+        if debounce_for is None:  # L1: no debounce for this call
+            return self._dispatched(publish(args, kwargs, task_id, **options))
         if links and not (self.ignore_result or options.get("ignore_result")):
             remember_chain(self.backend, task_id, links)
         try:
@@ -137,7 +141,7 @@ class DebouncedJob(DedupJob):
                 encode_call(args, kwargs, links),
                 now=clock.now(),
                 debounce_for=debounce_for,
-                max_wait=None if self.max_wait is None else float(self.max_wait),
+                max_wait=max_wait,
                 ttl=STATE_GRACE,
             )
         except StoreUnavailable:
@@ -173,6 +177,11 @@ class DebouncedJob(DedupJob):
             self._abandon(store, key, task_id, alias, options)
             raise
 
+    def debounce_times(self, args: Any, kwargs: Any) -> tuple[float | None, float | None]:
+        """``(debounce_for, max_wait)`` for a call with these arguments (L1: the methods'
+        answers for them); debounce_for None: this call is not debounced."""
+        return debounce_times(self.name, self.debounce_for, self.max_wait, args, kwargs)
+
     def _dispatched(self, result: AsyncResult[Any]) -> AsyncResult[Any]:
         metrics.decision(self.name, "dispatched")  # A5: counted once it is published
         return result
@@ -193,8 +202,8 @@ class DebouncedJob(DedupJob):
             header = {**key.as_header(alias), CLAIMED_FLAG: True, ABSORBED: others,
                       WINNER: winner}
             sent = {k: v for k, v in options.items() if k not in ("producer", "eta")}
-            sent = self.with_header({**sent, "countdown": float(self.debounce_for or 0)},
-                                    header)
+            quiet = self.debounce_times(due.args, due.kwargs)[0] or 0.0
+            sent = self.with_header({**sent, "countdown": quiet}, header)
             super(DebouncedJob, self).apply_async(tuple(due.args), dict(due.kwargs), winner,
                                                   **sent)
 
@@ -368,6 +377,8 @@ class DebouncedJob(DedupJob):
 
 def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
     """What is wrong with a pair of debounce options, or None."""
+    if callable(debounce_for):  # L1: checked per call, with max_wait
+        return None
     if debounce_for is None:
         return (
             "debounce_for is not set. Give the seconds of quiet before the job runs, "
@@ -376,7 +387,7 @@ def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
     if not is_seconds(debounce_for) or debounce_for <= 0:
         return (f"debounce_for = {debounce_for!r} must be a number of seconds above 0"
                 f"{not_finite(debounce_for)}.")
-    if max_wait is None:
+    if max_wait is None or callable(max_wait):
         return None
     if not is_seconds(max_wait):
         return (f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)"

@@ -6,7 +6,7 @@ Where the worker checks: :meth:`UniqueJob.__call__` → :func:`dedup_jobs.jobs.a
 → ``engine/start.py`` → ``store.start`` (one store call): admitted, skipped, put off or dropped.
 Where it is released: :meth:`UniqueJob._finish` (owner's compare-and-delete), or by
 ``store.start(release=True)`` just before ``run`` for UniqueUntilProcessingJob.
-Where a failed dispatch's lock is undone: :func:`undo_lock` (via ``engine/rollback.py``).
+Where a failed dispatch's lock is undone: ``jobs/undo.py`` (via ``engine/rollback.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.engine.lease import leases
+from dedup_jobs.engine.limits import seconds_of
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import (
@@ -31,6 +32,7 @@ from dedup_jobs.exceptions import (
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
 from dedup_jobs.jobs.replace import replaced_by
+from dedup_jobs.jobs.undo import undo_lock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
@@ -60,8 +62,8 @@ class UniqueJob(DedupJob):
     _via_option = "unique_via"
 
     #: seconds; the fail-safe expiry of a lock whose job never ran (default:
-    #: DEDUP_JOBS["DEFAULT_UNIQUE_FOR"])
-    unique_for: float | None = None
+    #: DEDUP_JOBS["DEFAULT_UNIQUE_FOR"]); or a method of the call's arguments (L1)
+    unique_for: Any = None
     #: argument names that form the key (default: all arguments of run)
     unique_on: tuple[str, ...] | None = None
     #: a CACHES alias or "database" (attribute, or a method returning it)
@@ -87,7 +89,8 @@ class UniqueJob(DedupJob):
                 f"{label} is both unique and debounced (it sets debounce_for/max_wait). "
                 f"Use DebouncedJob for debouncing, or drop those options."
             )
-        cls._positive(label, "unique_for", cls.unique_for)
+        if not callable(cls.unique_for):  # a method is checked per call (L1)
+            cls._positive(label, "unique_for", cls.unique_for)
         if cls.on_duplicate not in ON_DUPLICATE_CHOICES:
             raise InvalidJobConfiguration(
                 f"{label}: on_duplicate = {cls.on_duplicate!r} must be one of "
@@ -107,8 +110,19 @@ class UniqueJob(DedupJob):
             return bool(self.observe_only)
         return app_settings.OBSERVE_ONLY
 
-    def lock_ttl(self) -> float:
-        return float(self.unique_for or app_settings.DEFAULT_UNIQUE_FOR)
+    def lock_ttl(self, args: Any = None, kwargs: Any = None) -> float:
+        """The lock's lifetime for a call with these arguments: ``unique_for`` (L1: a
+        method's answer for them), else DEFAULT_UNIQUE_FOR."""
+        found = seconds_of(self.name, "unique_for", self.unique_for, args, kwargs)
+        return float(app_settings.DEFAULT_UNIQUE_FOR if found is None else found)
+
+    def _running_ttl(self) -> float:
+        """The lock's lifetime for the call being run (a method's bad answer: the default,
+        here where only a retry's lifetime depends on it)."""
+        try:
+            return self.lock_ttl(self.request.args, self.request.kwargs)
+        except InvalidJobConfiguration:
+            return float(app_settings.DEFAULT_UNIQUE_FOR)
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -138,7 +152,7 @@ class UniqueJob(DedupJob):
             store = self.store(alias)
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
-        ttl = self.lock_ttl() + message_wait(options, now)
+        ttl = self.lock_ttl(args, kwargs) + message_wait(options, now)
         if retrying:
             # A retry is always published; it keeps (or re-takes) its own lock for the wait.
             self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
@@ -299,7 +313,7 @@ class UniqueJob(DedupJob):
             if getattr(exc, "requeue", False):
                 # The requeued message runs next: mark the lock queued again, so that its
                 # delivery is not taken for a second copy of a live run (W5).
-                self._try_acquire(store, key, owner, self.lock_ttl(), clock.now(),
+                self._try_acquire(store, key, owner, self.lock_ttl(args, kwargs), clock.now(),
                                   reentrant=True)
             elif held is None or held.granted is not False:
                 self._finish(store, key, owner, alias, "failure")
@@ -354,7 +368,7 @@ class UniqueJob(DedupJob):
             )
             rollbacks.add(f"{key.key} of finished task {owner}",
                           lambda: bool(store.release(key, owner)), store=store,
-                          lifetime=self.lock_ttl() + app_settings.LEASE_SECONDS)
+                          lifetime=self._running_ttl() + app_settings.LEASE_SECONDS)
             return
         if released and not quiet:
             notify(lock_released, type(self), key=key.key, owner=owner, store=alias, reason=reason)
@@ -380,33 +394,6 @@ class UniqueJob(DedupJob):
             )
             return
         self._finish(self.store(alias), key, owner, alias, "failure")
-
-def undo_lock(
-    job: UniqueJob, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
-    request: str | None = None, generated: bool = True,
-) -> None:
-    """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
-    call ran (a lost reply): once the store answers, undo what that very request did
-    (``store.undo``: its lock deleted, or a taken-over lock given back to the holder it
-    replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
-    an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
-    store never answers within ``ttl``; an explicit one, which another, published dispatch
-    may carry too, only when this request's own lock was found."""
-    def revoke() -> None:
-        if not job.ignore_result:
-            job.backend.mark_as_revoked(
-                owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
-                              f"unavailable)")
-
-    def undo() -> bool:
-        removed = store.undo(key, owner, request)
-        if removed or generated:
-            revoke()
-        return removed
-
-    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
-                  lifetime=ttl, give_up=revoke if generated else None)
-
 
 class UniqueUntilProcessingJob(UniqueJob):
     """Unique until a worker takes the message: the lock is released just before ``run``

@@ -1,0 +1,38 @@
+"""S7: where the lock of a UniqueJob dispatch that failed (StoreUnavailable, maybe after its
+call ran and only the reply was lost) is undone, once the store answers again: handed to the
+rollback thread (``engine/rollback.py``), and the never-published task marked REVOKED."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dedup_jobs.engine.rollback import rollbacks
+from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.base import BaseStore
+
+
+def undo_lock(
+    job: Any, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
+    request: str | None = None, generated: bool = True,
+) -> None:
+    """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
+    call ran (a lost reply): once the store answers, undo what that very request did
+    (``store.undo``: its lock deleted, or a taken-over lock given back to the holder it
+    replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
+    an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
+    store never answers within ``ttl``; an explicit one, which another, published dispatch
+    may carry too, only when this request's own lock was found."""
+    def revoke() -> None:
+        if not job.ignore_result:
+            job.backend.mark_as_revoked(
+                owner, reason=f"never published: its dispatch failed (store {store.alias!r} "
+                              f"unavailable)")
+
+    def undo() -> bool:
+        removed = store.undo(key, owner, request)
+        if removed or generated:
+            revoke()
+        return removed
+
+    rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
+                  lifetime=ttl, give_up=revoke if generated else None)
