@@ -73,7 +73,9 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     AsyncResult resolving to that run, with a bounded handful of messages. R1: of 5 prices
     dispatched while queued, 4 are replaced (results REVOKED) and only the latest runs. R2:
     with two workers, triggers sent during a sync wait for it (job_deferred) and run after
-    it, never beside it, the later ones deduplicated onto the waiting one. K1-K3: 8 threads
+    it, never beside it, the later ones deduplicated onto the waiting one. L1: a per-plan
+    concurrency() keeps "free" exports one at a time and lets "vip" ones run side by side,
+    none of them waiting for a slot. K1-K3: 8 threads
     enqueueing one Django task write one row, which a real db_worker runs once; the next
     enqueue runs again. The printed figures agree with the database the demo wrote."""
     db = tmp_path / "demo.sqlite3"
@@ -119,6 +121,9 @@ def test_demo_on_embedded_defaults(tmp_path: Path) -> None:
     assert "dispatched 4, published 2, deduplicated 2, deferred " in overlap, out
     assert "ran 2, overlapping runs 0" in overlap, out
     assert "(job_deferred, reason 'overlap')" in overlap, out
+
+    assert ("most free exports at once: 1, most vip exports at once: 2, vip exports that "
+            "waited for a slot: 0") in part(out, 6), out
 
     django_tasks = part(out, 7)  # K1-K3: @unique over a Django @task, django-tasks-db
     assert "enqueued 8, task rows written 1, deduplicated 7 (1 distinct result id)" \

@@ -21,6 +21,9 @@
   second; every product page view may ask for a refresh. The calls of one supplier start at
   most 2 per second across every worker (the excess waits, re-published, never dropped);
   another supplier is not held back.
+- ``ExportReport``: ``ThrottledJob`` whose limit depends on the call (L1). A "free" account's
+  exports run one at a time; a "vip" account has no limit (``concurrency()`` returns None),
+  so its exports run side by side.
 """
 
 from __future__ import annotations
@@ -130,3 +133,21 @@ def sync_stock(warehouse: str, trigger: int = 0) -> str:
 def sync_supplier_stock(supplier: str, sku: str = "") -> str:
     """Ask one supplier's stock API about one article (2 calls per second per supplier)."""
     return f"{supplier}: stock of {sku or 'everything'} synced"
+
+
+class ExportReport(ThrottledJob):
+    """Export an account's report: one at a time on the "free" plan, no limit on "vip"."""
+
+    name = "shop.export_report"
+    throttle_on = ("account",)
+
+    def concurrency(self, account: str, plan: str, n: int = 0) -> int | None:
+        return None if plan == "vip" else 1
+
+    def run(self, account: str, plan: str, n: int = 0) -> tuple[float, float]:
+        started = time.time()
+        time.sleep(0.4)  # the export's work
+        return started, time.time()
+
+
+export_report = app.register_task(ExportReport())

@@ -27,7 +27,7 @@ from dedup_jobs.jobs import bursts
 from example_project.celery import app
 from example_project.shop import demo_flow, tasks
 from example_project.shop.demo_django_tasks import part_django_tasks
-from example_project.shop.demo_throttle import part_throttle
+from example_project.shop.demo_throttle import part_limits_per_call, part_throttle
 from example_project.shop.demo_timeline import (
     FINISHED,
     PUBLISHED,
@@ -137,6 +137,7 @@ class Command(BaseCommand):
                         self.part_debounce()
                         demo_flow.run_parts(self, first_number=4)
                         part_throttle(self)
+                        part_limits_per_call(self)
                     finally:
                         # A warm shutdown through the broker: the worker stops at once
                         # instead of finishing its current 2-second broker poll.
