@@ -74,13 +74,14 @@ class PerPlanConcurrency(ThrottledJob):
 
 
 class PerPlanRate(ThrottledJob):
-    """L1: "2/s" per "free" plan, no limit for "vip"; "bad" returns a value that is no rate."""
+    """L1: "2/s" per "free" plan, "5/m" per "pro", no limit for "vip"; "bad" returns a value
+    that is no rate."""
 
     name = "tests.per_plan_rate"
     throttle_on = ("plan",)
 
     def throttle(self, plan: str, tag: int = 0) -> str | None:
-        return {"free": "2/s", "vip": None}.get(plan, "2 per second")
+        return {"free": "2/s", "pro": "5/m", "vip": None}.get(plan, "2 per second")
 
     def run(self, plan: str, tag: int = 0) -> int:
         record("per_plan_rate", (plan, tag, time.time()))
