@@ -32,6 +32,7 @@ from dedup_jobs.django_tasks.options import DebounceOptions
 from dedup_jobs.django_tasks.results import holder_result, marked
 from dedup_jobs.django_tasks.tasks import TaskMixin
 from dedup_jobs.engine import debounce
+from dedup_jobs.engine.limits import seconds_at_worker
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.keys import JobKey
@@ -162,10 +163,9 @@ def run_burst(options: DebounceOptions, result: Any,
     owner = str(result.id)
     store = options.store()
     key = options.key(result.args, result.kwargs, store)
-    try:  # the longest wait between two looks at a burst that is not due yet
-        nap = options.times(result.args, result.kwargs)[0] or 1.0
-    except InvalidJobConfiguration:
-        nap = 1.0
+    # the longest wait between two looks at a burst that is not due yet
+    nap = seconds_at_worker(options.label, "debounce_for", options.debounce_for, result.args,
+                            result.kwargs, 1.0)
     tries = 0
     while True:
         try:

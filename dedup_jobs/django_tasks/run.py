@@ -25,6 +25,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.django_tasks.enqueue import logger, released
 from dedup_jobs.django_tasks.options import UniqueOptions
 from dedup_jobs.engine.lease import leases
+from dedup_jobs.engine.limits import seconds_at_worker
 from dedup_jobs.engine.start import Check
 from dedup_jobs.exceptions import DuplicateJob, StoreUnavailable
 from dedup_jobs.signals import lock_acquired, lock_released, notify, unique_job_skipped
@@ -89,4 +90,6 @@ def run_checked(task: Any, options: UniqueOptions, result: Any, call: Any) -> An
         if held is None or held.granted is not False:
             released(task, options.label, store, key, owner,
                      "processing" if options.release_on_start else reason,
-                     options.lock_ttl(result.args, result.kwargs))
+                     seconds_at_worker(options.label, "unique_for", options.unique_for,
+                                       result.args, result.kwargs,
+                                       app_settings.DEFAULT_UNIQUE_FOR))

@@ -55,3 +55,15 @@ def debounce_times(job: str, debounce_for: Any, max_wait: Any, args: Sequence[An
             f"the cap would cut the burst short. Return a max_wait >= debounce_for, or None "
             f"for no cap.")
     return quiet, cap
+
+
+def seconds_at_worker(job: str, name: str, value: Any, args: Sequence[Any] | None,
+                      kwargs: Mapping[str, Any] | None, default: float) -> float:
+    """:func:`seconds_of` where a run is already under way (a requeue's lock, a release's
+    retry window): a bad answer, or None, gives ``default`` instead of raising, so that it
+    never replaces what the run itself raised or returned."""
+    try:
+        found = seconds_of(job, name, value, args, kwargs)
+    except InvalidJobConfiguration:
+        return float(default)
+    return float(default) if found is None else found

@@ -24,7 +24,7 @@ from celery.result import AsyncResult
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine import debounce
-from dedup_jobs.engine.limits import debounce_times
+from dedup_jobs.engine.limits import debounce_times, seconds_at_worker
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
@@ -202,7 +202,8 @@ class DebouncedJob(DedupJob):
             header = {**key.as_header(alias), CLAIMED_FLAG: True, ABSORBED: others,
                       WINNER: winner}
             sent = {k: v for k, v in options.items() if k not in ("producer", "eta")}
-            quiet = self.debounce_times(due.args, due.kwargs)[0] or 0.0
+            quiet = seconds_at_worker(self.name, "debounce_for", self.debounce_for,
+                                      due.args, due.kwargs, 0.0)
             sent = self.with_header({**sent, "countdown": quiet}, header)
             super(DebouncedJob, self).apply_async(tuple(due.args), dict(due.kwargs), winner,
                                                   **sent)

@@ -20,7 +20,7 @@ from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.engine.lease import leases
-from dedup_jobs.engine.limits import seconds_of
+from dedup_jobs.engine.limits import seconds_at_worker, seconds_of
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import (
@@ -117,12 +117,10 @@ class UniqueJob(DedupJob):
         return float(app_settings.DEFAULT_UNIQUE_FOR if found is None else found)
 
     def _running_ttl(self) -> float:
-        """The lock's lifetime for the call being run (a method's bad answer: the default,
-        here where only a retry's lifetime depends on it)."""
-        try:
-            return self.lock_ttl(self.request.args, self.request.kwargs)
-        except InvalidJobConfiguration:
-            return float(app_settings.DEFAULT_UNIQUE_FOR)
+        """The lock's lifetime for the call being run (a method's bad answer: the default:
+        a requeue or a release's retry must not fail on it)."""
+        return seconds_at_worker(self.name, "unique_for", self.unique_for, self.request.args,
+                                 self.request.kwargs, app_settings.DEFAULT_UNIQUE_FOR)
 
     # -- dispatch -----------------------------------------------------------------------
 
@@ -313,7 +311,7 @@ class UniqueJob(DedupJob):
             if getattr(exc, "requeue", False):
                 # The requeued message runs next: mark the lock queued again, so that its
                 # delivery is not taken for a second copy of a live run (W5).
-                self._try_acquire(store, key, owner, self.lock_ttl(args, kwargs), clock.now(),
+                self._try_acquire(store, key, owner, self._running_ttl(), clock.now(),
                                   reentrant=True)
             elif held is None or held.granted is not False:
                 self._finish(store, key, owner, alias, "failure")
