@@ -17,7 +17,9 @@ def two_at_once(account: int, tag: int = 0, seconds: float = 0.0) -> int:
     start = time.time()
     record("two_at_once", (account, tag, start, os.getpid(), "start"))
     time.sleep(seconds)
-    record("two_at_once", (account, tag, start, time.time()))
+    # a deferred message is published again with a countdown: its delivery has an eta
+    deferred = two_at_once.request.eta is not None
+    record("two_at_once", (account, tag, start, time.time(), deferred))
     return tag
 
 

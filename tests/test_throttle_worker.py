@@ -63,7 +63,9 @@ def test_concurrency_two_on_a_prefork_worker(app: Any, store: str) -> None:
     """T2: a prefork worker with 4 processes; 6 messages of one key with concurrency=2 (1 s
     each) never run more than 2 bodies at once (intervals from recorded start/end times),
     all 6 end SUCCESS (the deferred ones resolve under their own ids); 2 messages of another
-    key, dispatched after them, are not held back: both start before the key's third run.
+    key, dispatched after them, are not held back: both run on their first delivery (never
+    deferred; which process takes them, and when, is the worker's scheduling, not the limit),
+    while at least one of the first key's is deferred.
     T4 / section 8 on Redis, counted on the server (MONITOR): every delivery is one
     admission (one EVALSHA), every deferral one broker message (published once more,
     nothing else), every run one release; the store sees nothing else (the runs are shorter
@@ -89,12 +91,14 @@ def test_concurrency_two_on_a_prefork_worker(app: Any, store: str) -> None:
             else:
                 drain()
         assert all(r.state == SUCCESS for r in hot + cold)
-    ended = [r for r in _records("two_at_once") if len(r) == 4]
-    runs = {account: [(s, e) for a, _tag, s, e in ended if a == account] for account in (1, 2)}
+    ended = [r for r in _records("two_at_once") if len(r) == 5 and r[4] != "start"]
+    runs = {account: [(s, e) for a, _tag, s, e, _d in ended if a == account]
+            for account in (1, 2)}
+    deferred = {account: [d for a, _tag, _s, _e, d in ended if a == account]
+                for account in (1, 2)}
     assert len(runs[1]) == 6 and len(runs[2]) == 2
     assert most_at_once(runs[1]) == 2
-    third = sorted(s for s, _e in runs[1])[2]
-    assert all(s < third for s, _e in runs[2]), (runs, third)
+    assert any(deferred[1]) and not any(deferred[2]), deferred
     if store != "redis":
         return
     admissions, releases = counts.scripts["THROTTLE_ADMIT"], counts.scripts["THROTTLE_RELEASE"]
