@@ -248,7 +248,7 @@ def check_debounce(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return messages
 
 
-FLOW_OPTIONS = ("without_overlapping", "observe_only")
+FLOW_OPTIONS = ("without_overlapping", "observe_only", "cancel_terminates")
 
 
 def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -293,8 +293,9 @@ def check_flow(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessa
                 messages.append(_error(11, f"{task.name}: {name} = {value!r} is not True or "
                                            f"False.", f"Set {task.name}.{name} to True or "
                                            f"False."))
-        if task.on_duplicate == "replace" and _no_result(task):
-            messages.append(_warning(8, f"{task.name}: on_duplicate = 'replace' without a "
+        if task.on_duplicate in ("replace", "cancel_running") and _no_result(task):
+            messages.append(_warning(8, f"{task.name}: on_duplicate = "
+                                        f"{task.on_duplicate!r} without a "
                                         f"result to mark REVOKED ({_no_result(task)}): a "
                                         f"replaced message that reaches a worker after the "
                                         f"lock is free again runs.", "Keep a result backend "

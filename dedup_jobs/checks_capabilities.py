@@ -27,9 +27,12 @@ def needed(task: Any) -> dict[str, list[str]]:
     elif isinstance(task, UniqueJob):
         lock = uses.setdefault(task.store_alias(), [])
         lock.append("locks")
-        if task.on_duplicate == "replace":
+        if task.on_duplicate in ("replace", "cancel_running"):
             lock.append("replace")
-        if task.without_overlapping and task.release_on_start:
+        if task.on_duplicate == "cancel_running":
+            lock.append("cancel")
+        if ((task.without_overlapping and task.release_on_start)
+                or task.on_duplicate == "cancel_running"):
             lock.append("overlap")
     if task.throttled():
         uses.setdefault(task.throttle_alias(), []).append("throttle")

@@ -42,6 +42,14 @@ lock_lost = Signal()
 # (True in observe-only mode, R3: the lock passed, nothing was revoked).
 unique_job_replaced = Signal()
 
+# A dispatch of a job with on_duplicate = "cancel_running" asked the running copy of its key to
+# stop (L2): the copy's cancel_requested() turns true at its next lease renewal (with
+# cancel_terminates, a terminate is sent), its result ends REVOKED naming by_id, and the new
+# dispatch runs after it. Sent once per running copy, by the dispatch that first asked it.
+# kwargs: cancelled_id (the running copy's task id), by_id (the new dispatch), key, observed
+# (True in observe-only mode, R3: the run is not stopped).
+unique_job_cancelled = Signal()
+
 # A message reached a worker but waits: re-published with a countdown, same task id (R2).
 # kwargs: task_id, key, reason ("overlap": another run of its key is in progress), until
 # (epoch seconds, when it is checked again), observed (True in observe-only mode, R3: it ran

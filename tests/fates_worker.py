@@ -48,6 +48,8 @@ class WorkerRules:
     nonces: dict[str, str]
     waited: dict[str, float]
     onto: Callable[[str, str, str], None]
+    undone: set[str]
+    will_run: Callable[[str], bool]
 
     def check_call(self, tid: str, kind: str, nonce: str) -> tuple[str, Callable[[], Any]]:
         store, now = self.store, clock.now()
@@ -191,6 +193,13 @@ class WorkerRules:
         except StoreUnavailable:
             return  # the next renewal, LEASE_SECONDS / 3 later
         assert answer.held, f"U5/T4: the lease of running {tid} was lost: {answer}"
+        asker = getattr(answer, "cancel", None)
+        if asker is not None:  # L2: a dispatch asked this run to stop
+            assert asker not in self.undone, (
+                f"L2/S7: running {tid} is asked to stop by {asker}, whose dispatch raised "
+                f"StoreUnavailable and whose undo already ran")
+            assert asker in self.failed or self.will_run(asker), (
+                f"L2: running {tid} is asked to stop by {asker}, which never runs")
 
     @precondition(lambda self: self.bodies)
     @rule(pick=picks, fate=fates)

@@ -39,3 +39,28 @@ def keep_last(item: int, seconds: float = 0.0, tag: int = 0) -> int:
     time.sleep(seconds)
     record("keep_last", (item, tag, start, time.time()))
     return tag
+
+
+@shared_task(bind=True, base=UniqueJob, unique_for=60, name="tests.cancel_latest",
+             unique_on=("item",), on_duplicate="cancel_running")
+def cancel_latest(self: UniqueJob, item: int, tag: int = 0, seconds: float = 0.0) -> int:
+    """L2, a cooperative body: polls cancel_requested() every 50 ms for ``seconds``."""
+    start = time.time()
+    record("cancel_latest", (item, tag, "start", start))
+    while time.time() < start + seconds:
+        if self.cancel_requested():
+            record("cancel_latest", (item, tag, "stopped", time.time()))
+            return tag
+        time.sleep(0.05)
+    record("cancel_latest", (item, tag, "end", time.time()))
+    return tag
+
+
+@shared_task(base=UniqueJob, unique_for=60, name="tests.cancel_terminating",
+             unique_on=("item",), on_duplicate="cancel_running", cancel_terminates=True)
+def cancel_terminating(item: int, tag: int = 0, seconds: float = 0.0) -> int:
+    """L2, a body that never looks: terminated on the prefork pool (cancel_terminates)."""
+    record("cancel_terminating", (item, tag, "start", time.time()))
+    time.sleep(seconds)
+    record("cancel_terminating", (item, tag, "end", time.time()))
+    return tag

@@ -108,6 +108,16 @@ class ShardedStore(BaseStore):
         return self._for(key).start_exclusive(key, running, owner, lease, now=now,
                                               delivery=delivery)
 
+    # -- CancelStore (L2) -------------------------------------------------------------------
+
+    def cancel_take(self, key: JobKey, running: JobKey, owner: str, ttl: float, *,
+                    now: float, request: str | None = None) -> Acquired:
+        return self._for(key).cancel_take(key, running, owner, ttl, now=now, request=request)
+
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool:
+        return self._for(key).undo_cancel(key, running, owner, request)
+
     # -- DebounceStore --------------------------------------------------------------------
 
     def debounce(self, key: JobKey, task_id: str, payload: str, *, now: float,

@@ -15,3 +15,5 @@ if _STORE in ("database-postgres", "database-mariadb"):
     _ALIAS = _STORE.removeprefix("database-")
     DEDUP_JOBS = {**DEDUP_JOBS, "STORE": "database", "DATABASE_ALIAS": _ALIAS}
     DATABASES[_ALIAS]["NAME"] = os.environ["DEDUP_JOBS_TEST_FLOW_DB_NAME"]
+if "DEDUP_JOBS_TEST_LEASE" in os.environ:  # L2: a short lease, so a cancel is read soon
+    DEDUP_JOBS = {**DEDUP_JOBS, "LEASE_SECONDS": float(os.environ["DEDUP_JOBS_TEST_LEASE"])}

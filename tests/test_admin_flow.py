@@ -128,3 +128,27 @@ def test_job_classes_show_the_flow_control_options() -> None:
     assert flow_lines(rows["tests.no_overlap"]) == [
         "without_overlapping", "observe-only (DEDUP_JOBS)"]
     assert flow_lines(rows["tests.debounce_record"]) == []
+
+
+def test_held_locks_and_job_classes_show_cancel_running(listed_store: str) -> None:
+    """A1, L2: the queued lock and the running marker of a cancel_running job carry a
+    "cancel running" badge whose title says what happens to the run (asked to stop, or
+    terminated); Job classes shows on_duplicate and, under Flow control, cancel_terminates."""
+    store = get_store(listed_store)
+    key = jobs_flow.cancel_latest.job_key((7,), {})
+    now = clock.now()
+    assert store.acquire(key, "running-seven", 60, now=now).acquired
+    assert store.start_exclusive(key, running_key(key), "running-seven", 60, now=now).run
+    jobs_flow.cancel_latest.delay(7)
+    jobs_flow.cancel_terminating.delay(8)
+    client = login("viewer", "view_joblock")
+    rows = rows_of(client.get(LOCKS).content.decode())
+    cancelling = rows["tests.cancel_latest"]
+    assert len(cancelling) == 2 and all(badges(r) == ["cancel running"] for r in cancelling)
+    assert "asked to stop" in cancelling[0]
+    assert badges(rows["tests.cancel_terminating"][0]) == ["cancel running"]
+    assert "is terminated" in rows["tests.cancel_terminating"][0]
+    classes = class_rows(client.get(CLASSES).content.decode())
+    assert on_duplicate(classes["tests.cancel_latest"]) == "cancel_running"
+    assert flow_lines(classes["tests.cancel_latest"]) == []
+    assert flow_lines(classes["tests.cancel_terminating"]) == ["cancel_terminates"]

@@ -158,6 +158,7 @@ def _function(product_id: int) -> None:
 @pytest.mark.parametrize(("options", "message"), [
     ({"unique_for": -1}, "unique_for = -1 must be a number of seconds above 0"),
     ({"on_duplicate": "replace"}, "on_duplicate = 'replace' must be one of"),
+    ({"on_duplicate": "cancel_running"}, "use it on a Celery UniqueJob"),
     ({"unique_on": "product_id"}, "unique_on = 'product_id' must be a tuple"),
     ({"unique_on": ("sku",)}, "unique_on names ['sku'], which the task does not take"),
     ({"unique_id": 3}, "unique_id = 3 must be a function of the call"),

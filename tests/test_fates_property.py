@@ -8,8 +8,10 @@ throttling asked of the store itself). Each store call takes a fate, injected at
 executed with its reply lost, or executed late (it lands at a later step, past its caller's
 deadline). Kinds: U a UniqueJob (dispatched by acquire; a generated or an explicit task id), R
 one with ``on_duplicate="replace"`` (take_over), P a UniqueUntilProcessingJob, X one with
-``without_overlapping`` (start_exclusive), T a ThrottledJob with ``concurrency=2``, D a
-DebouncedJob (debounce, claim_due).
+``without_overlapping`` (start_exclusive; some of its dispatches made as L2's
+``on_duplicate="cancel_running"`` makes them, cancel_take, whose request to stop the running
+copy its renewals read), T a ThrottledJob with ``concurrency=2``, D a DebouncedJob (debounce,
+claim_due).
 
 The front-end is modelled as the code does it: a dispatch that raised StoreUnavailable hands
 its undo to engine/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
@@ -107,6 +109,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         self.tkey = build_key("throttle", "tests.fates", f"{run}-T")
         self.dkey = build_key("debounce", "tests.fates", f"{run}-D")
         self.can_replace = supports(store, "take_over")
+        self.can_cancel = supports(store, "cancel_take")
         self.can_exclude = supports(store, "start_exclusive")
         self.can_throttle = store.can_throttle
         self.queue: list[tuple[str, str]] = []  # (task id, kind)
@@ -176,30 +179,36 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
 
     # -- dispatch ------------------------------------------------------------------------
 
-    @rule(kind=st.sampled_from(["U", "R", "P", "X"]), explicit=st.booleans(), fate=fates)
-    def dispatch(self, kind: str, explicit: bool, fate: str) -> None:
-        """U1/U2/R1 and S7: acquire (or, the replace job R, take_over) with a generated or an
-        explicit id."""
+    @rule(kind=st.sampled_from(["U", "R", "P", "X"]), explicit=st.booleans(), fate=fates,
+          cancel=st.booleans())
+    def dispatch(self, kind: str, explicit: bool, fate: str, cancel: bool) -> None:
+        """U1/U2/R1/L2 and S7: acquire (or, the replace job R, take_over; an X dispatch with
+        ``cancel``, cancel_take) with a generated or an explicit id."""
         kind = "P" if kind == "X" and not self.can_exclude else kind
         kind = "U" if kind == "R" and not self.can_replace else kind
-        replace = kind == "R"
+        cancel = cancel and kind == "X" and self.can_cancel
+        replace = kind == "R" or cancel
         key, tid, now = self.keys[kind], self.new_id("e" if explicit else "g"), clock.now()
         store = self.store
         # jobs/unique.py: a generated id is its own request id; an explicit one gets a new one
         request = self.new_id("r") if explicit else tid
-        if replace:
+        if cancel:
+            def call() -> Any:
+                return store.cancel_take(key, running_key(key), tid, UNIQUE_FOR, now=now,
+                                         request=request)
+        elif replace:
             def call() -> Any:
                 return store.take_over(key, tid, UNIQUE_FOR, now=now, request=request)
         else:
             def call() -> Any:
                 return store.acquire(key, tid, UNIQUE_FOR, now=now, request=request)
-        what = f"{'TAKE_OVER' if replace else 'ACQUIRE'} {kind} {tid}"
+        what = f"{'CANCEL_TAKE' if cancel else 'TAKE_OVER' if replace else 'ACQUIRE'} {kind} {tid}"
         try:
             answer = self.fates.call(fate, what, call, tid)
         except StoreUnavailable:
             self.failed.add(tid)
             unique.undo_lock(self, store, key, tid, UNIQUE_FOR,  # type: ignore[arg-type]
-                             request=request, generated=not explicit)
+                             request=request, generated=not explicit, cancel=cancel)
             self.undos[-1] = (tid, self.undos[-1][1])
             return
         # jobs/unique.py: a generated id that is already the holder is its own re-sent acquire

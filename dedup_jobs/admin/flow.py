@@ -38,7 +38,8 @@ def overlap_guarded(job: DedupJob) -> bool:
 
 
 def badges(job: DedupJob | None) -> list[Badge]:
-    """The badges of a held lock's job: replace (R1), no overlap (R2), observe-only (R3)."""
+    """The badges of a held lock's job: replace (R1), cancel running (L2), no overlap (R2),
+    observe-only (R3)."""
     if job is None or job.dedup_kind != "unique":
         return []
     shown = []
@@ -46,6 +47,12 @@ def badges(job: DedupJob | None) -> list[Badge]:
         shown.append(Badge(label="replace", css="replace", meaning=(
             "on_duplicate='replace': a dispatch while this lock is queued takes it over and "
             "the queued copy is revoked (R1)")))
+    if getattr(job, "on_duplicate", "") == "cancel_running":
+        how = ("terminated" if getattr(job, "cancel_terminates", False)
+               else "asked to stop (cancel_requested())")
+        shown.append(Badge(label="cancel running", css="replace", meaning=(
+            f"on_duplicate='cancel_running': a dispatch replaces a queued copy; a running "
+            f"one is {how} and the dispatch runs after it (L2)")))
     if overlap_guarded(job):
         shown.append(Badge(label="no overlap", css="no-overlap", meaning=(
             "without_overlapping: a copy that reaches a worker while a run of this key is in "
@@ -79,6 +86,8 @@ def option_lines(job: DedupJob) -> list[str]:
     if getattr(job, "without_overlapping", False):
         lines.append("without_overlapping" if overlap_guarded(job)
                      else "without_overlapping (no effect: W007)")
+    if getattr(job, "cancel_terminates", False):
+        lines.append("cancel_terminates")
     own = getattr(job, "observe_only", None)
     if own is None:
         if app_settings.OBSERVE_ONLY:

@@ -176,7 +176,10 @@ def checked(label: str, signature: inspect.Signature, given: dict[str, Any],
     on_duplicate = given.get("on_duplicate", "return")
     if on_duplicate not in ON_DUPLICATE_CHOICES:
         hint = (" (\"replace\" needs a queued task to be revoked, which Django's task "
-                "backends cannot do)" if on_duplicate == "replace" else "")
+                "backends cannot do)" if on_duplicate == "replace" else
+                " (\"cancel_running\" needs a queued task to be revoked and a running one "
+                "to be stopped, which Django's task backends cannot do: use it on a Celery "
+                "UniqueJob)" if on_duplicate == "cancel_running" else "")
         raise InvalidJobConfiguration(
             f"{label}: on_duplicate = {on_duplicate!r} must be one of "
             f"{ON_DUPLICATE_CHOICES!r}{hint}.")

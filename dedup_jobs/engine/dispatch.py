@@ -1,6 +1,7 @@
-"""Where a unique kind's dispatch takes its lock (U1, R1, S7): one store call, ``store.acquire``
-(``store.take_over`` under ``on_duplicate = "replace"``), and what its answer means: publish,
-or deduplicate onto the holder.
+"""Where a unique kind's dispatch takes its lock (U1, R1, L2, S7): one store call,
+``store.acquire`` (``store.take_over`` under ``on_duplicate = "replace"``,
+``store.cancel_take`` under ``"cancel_running"``), and what its answer means: publish, or
+deduplicate onto the holder.
 
 The front-end (``jobs/unique.py`` ``apply_async``) makes the :class:`Dispatch`, asks it, and
 acts on the answer: it publishes, returns the holder's result, raises ``DuplicateJob``, tells
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import BaseStore, new_request_id
+from dedup_jobs.stores.base import BaseStore, new_request_id, running_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +23,7 @@ class Dispatched:
     publish: bool  # the lock is the caller's: its message is published
     holder: str  # the owner holding the lock now (the caller's own id when publish)
     replaced: str | None = None  # R1: the queued holder the caller took the lock over from
+    cancelled: str | None = None  # L2: the running copy the caller asked to stop
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +38,9 @@ class Dispatch:
     ttl: float  # seconds the lock lives (unique_for, plus the message's countdown or eta)
     generated: bool  # the task id was generated for this dispatch
     replace: bool  # R1: take the lock over from a queued holder
+    #: L2: also ask the key's running copy to stop (its lock is released at start, and the
+    #: run holds the running marker: the dispatch takes the lock as ``replace`` does)
+    cancel: bool = False
     request: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -46,7 +51,10 @@ class Dispatch:
     def ask(self, store: BaseStore, *, now: float) -> Dispatched:
         """The one store call; StoreUnavailable when it cannot answer (never sent, its reply
         lost or late): the caller undoes ``request`` or publishes without a lock."""
-        if self.replace:
+        if self.cancel:
+            answer = store.cancel_take(self.key, running_key(self.key), self.task_id,
+                                       self.ttl, now=now, request=self.request)
+        elif self.replace:
             answer = store.take_over(self.key, self.task_id, self.ttl, now=now,
                                      request=self.request)
         else:
@@ -57,4 +65,5 @@ class Dispatch:
         # re-send "taken" itself, by the request id, for any id.)
         mine = answer.acquired or (self.generated and answer.holder == self.task_id)
         return Dispatched(publish=mine, holder=answer.holder,
-                          replaced=answer.replaced if mine else None)
+                          replaced=answer.replaced if mine else None,
+                          cancelled=answer.cancelled if mine else None)

@@ -64,6 +64,8 @@ class _Lease:
     resend: Callable[[BaseStore], bool] | None = None
     #: None while the outcome is unknown; False: not granted (nothing to renew or release)
     granted: bool | None = True
+    #: L2: the owner of a dispatch that asked this run to stop (read back by a renewal)
+    cancel: str | None = None
 
 
 class LeaseKeeper:
@@ -278,6 +280,10 @@ class LeaseKeeper:
                 key, owner, lease.ttl / 3, exc_info=sys.exc_info(),
             )]
         if renewed.held:
+            if renewed.cancel and lease.cancel is None:
+                lease.cancel = renewed.cancel
+                return [partial(logger.info, "Task %s (%s) was asked to stop by task %s.",
+                                owner, key, renewed.cancel)]
             if not renewed.retaken:
                 return []
             return [partial(

@@ -50,6 +50,7 @@ from dedup_jobs.engine.store_errors import defer_for_store
 from dedup_jobs.engine.throttle import Slot, release_slot
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger
+from dedup_jobs.jobs.cancel import REPLACING, releases_on_start, runs_exclusive
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
 from dedup_jobs.jobs.request import REDELIVERED, finished, is_redelivered
 from dedup_jobs.keys import JobKey
@@ -129,7 +130,7 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         return Admitted(run=True, owner=owner)
     if message.observing and message.carried(OBSERVED):
         return Admitted(run=True, owner=owner)  # R3: reported at dispatch, runs as it is
-    if job.on_duplicate == "replace" and not message.observing and replaced(job, owner):
+    if job.on_duplicate in REPLACING and not message.observing and replaced(job, owner):
         logger.info("%s[%s]: replaced by a later dispatch (its result is REVOKED); not run.",
                     job.name, owner)
         revoke_rest_of_chain(job, f"task {owner} was replaced by a later dispatch")
@@ -162,13 +163,13 @@ def check_lock(
 ) -> Admitted:
     """W1/W3/W5/R2: the lock check of a message, one store call (``engine/start.py``)."""
     owner = message.owner
-    check = check_for(message, key, without_overlapping=job.without_overlapping,
-                      release_on_start=job.release_on_start)
+    check = check_for(message, key, without_overlapping=runs_exclusive(job),
+                      release_on_start=releases_on_start(job))
     try:
         started = check(store)
     except StoreUnavailable:
         # W7: R2 is a limit; R1 may replace a holder the store thinks queued (#fates)
-        waits = (check.exclusive or job.on_duplicate == "replace") and defer_for_store(
+        waits = (check.exclusive or job.on_duplicate in REPLACING) and defer_for_store(
             message, key, alias, "worker check", lambda countdown: republish(
                 job, args, kwargs, message, key, alias, countdown, {NONCE: check.delivery}))
         if waits:

@@ -8,12 +8,12 @@ from typing import Any
 
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import BaseStore
+from dedup_jobs.stores.base import BaseStore, running_key
 
 
 def undo_lock(
     job: Any, store: BaseStore, key: JobKey, owner: str, ttl: float, *,
-    request: str | None = None, generated: bool = True,
+    request: str | None = None, generated: bool = True, cancel: bool = False,
 ) -> None:
     """S7: the dispatch ``request`` of ``owner`` failed with StoreUnavailable, maybe after its
     call ran (a lost reply): once the store answers, undo what that very request did
@@ -21,7 +21,9 @@ def undo_lock(
     replaced, R1) and mark ``owner`` REVOKED, so a caller deduplicated onto it meanwhile gets
     an answer. A generated id is marked even if the lock is gone (flushed, expired) or the
     store never answers within ``ttl``; an explicit one, which another, published dispatch
-    may carry too, only when this request's own lock was found."""
+    may carry too, only when this request's own lock was found. ``cancel`` (L2): the
+    request to stop that the dispatch may have left on the key's running copy is withdrawn
+    too (``store.undo_cancel``)."""
     def revoke() -> None:
         if not job.ignore_result:
             job.backend.mark_as_revoked(
@@ -29,7 +31,8 @@ def undo_lock(
                               f"unavailable)")
 
     def undo() -> bool:
-        removed = store.undo(key, owner, request)
+        removed = (store.undo_cancel(key, running_key(key), owner, request) if cancel
+                   else store.undo(key, owner, request))
         if removed or generated:
             revoke()
         return removed

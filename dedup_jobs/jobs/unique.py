@@ -31,6 +31,15 @@ from dedup_jobs.exceptions import (
 )
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
+from dedup_jobs.jobs.cancel import (
+    CANCEL_RUNNING,
+    REPLACING,
+    cancelled_by,
+    name_canceller,
+    releases_on_start,
+    run_cancellable,
+    runs_exclusive,
+)
 from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.undo import undo_lock
 from dedup_jobs.keys import JobKey
@@ -40,9 +49,9 @@ from dedup_jobs.signals import (
     notify,
     unique_job_skipped,
 )
-from dedup_jobs.stores.base import BaseStore
+from dedup_jobs.stores.base import BaseStore, running_key
 
-ON_DUPLICATE_CHOICES = ("return", "raise", "replace")
+ON_DUPLICATE_CHOICES = ("return", "raise", "replace", CANCEL_RUNNING)
 
 
 def _frozen_by_canvas(options: dict[str, Any]) -> bool:
@@ -68,9 +77,13 @@ class UniqueJob(DedupJob):
     unique_on: tuple[str, ...] | None = None
     #: a CACHES alias or "database" (attribute, or a method returning it)
     unique_via: Any = None
-    #: "return" the holder's AsyncResult (with .deduplicated True), "raise" DuplicateJob, or
-    #: "replace" a queued holder (R1: it is revoked, this dispatch is published)
+    #: "return" the holder's AsyncResult (with .deduplicated True), "raise" DuplicateJob,
+    #: "replace" a queued holder (R1: it is revoked, this dispatch is published), or
+    #: "cancel_running" (L2: as "replace"; a running copy is also asked to stop, and this
+    #: dispatch runs after it)
     on_duplicate: str = "return"
+    #: L2: a cancelled run is terminated (prefork pool) instead of asked to stop
+    cancel_terminates: bool = False
     #: R2: no two runs of one key at once; a message meeting a run of its key waits
     #: (UniqueUntilProcessingJob; on UniqueJob the lock held while running already does it)
     without_overlapping: bool = False
@@ -96,7 +109,7 @@ class UniqueJob(DedupJob):
                 f"{label}: on_duplicate = {cls.on_duplicate!r} must be one of "
                 f"{ON_DUPLICATE_CHOICES!r}."
             )
-        for name in ("without_overlapping", "observe_only"):
+        for name in ("without_overlapping", "observe_only", "cancel_terminates"):
             value = getattr(cls, name)
             if not (isinstance(value, bool) or (name == "observe_only" and value is None)):
                 raise InvalidJobConfiguration(
@@ -159,23 +172,19 @@ class UniqueJob(DedupJob):
             self.request.update(dedup_handed_over=True)
             return self._publish(args, kwargs, task_id, key, alias, options)
         dispatch = Dispatch(key=key, task_id=task_id, ttl=ttl, generated=generated,
-                            replace=self.on_duplicate == "replace")
+                            replace=self.on_duplicate in REPLACING,
+                            cancel=self.on_duplicate == CANCEL_RUNNING)
         try:
             answer = dispatch.ask(store, now=now)
         except StoreUnavailable:
             if app_settings.ON_STORE_ERROR != "enqueue":
                 # S7: the call may have run on the store (a lost reply): undo it.
                 undo_lock(self, store, key, task_id, ttl, request=dispatch.request,
-                          generated=generated)
+                          generated=generated, cancel=dispatch.cancel)
                 raise
-            logger.warning(
-                "%s[%s]: store %r unavailable, publishing without a lock "
-                "(ON_STORE_ERROR='enqueue').",
-                self.name,
-                task_id,
-                alias,
-                exc_info=True,
-            )
+            logger.warning("%s[%s]: store %r unavailable, publishing without a lock "
+                           "(ON_STORE_ERROR='enqueue').", self.name, task_id, alias,
+                           exc_info=True)
             result = self._publish(args, kwargs, task_id, key, alias, options)
             metrics.decision(self.name, "dispatched")
             result.deduplicated = False  # type: ignore[attr-defined]
@@ -187,13 +196,17 @@ class UniqueJob(DedupJob):
         try:
             result = self._publish(args, kwargs, task_id, key, alias, options)
         except BaseException:
-            # U6: never a lock with nothing queued.
+            # U6: never a lock with nothing queued (L2: nor a run stopped for nothing).
             try:
-                store.release(key, task_id)
+                store.release(key, task_id)  # a replaced holder stays revoked (R1)
+                if dispatch.cancel:  # the request to stop withdrawn (nothing else to undo)
+                    store.undo_cancel(key, running_key(key), task_id, dispatch.request)
             except StoreUnavailable:
                 undo_lock(self, store, key, task_id, ttl, request=dispatch.request,
-                          generated=generated)
+                          generated=generated, cancel=dispatch.cancel)
             raise
+        if answer.cancelled:
+            cancelled_by(self, key, answer.cancelled, task_id)
         notify(lock_acquired, type(self), key=key.key, owner=task_id, store=alias)
         metrics.decision(self.name, "dispatched")
         result.deduplicated = False  # type: ignore[attr-defined]
@@ -223,34 +236,18 @@ class UniqueJob(DedupJob):
         try:
             store.acquire(key, owner, ttl, now=now, reentrant=reentrant)
         except StoreUnavailable:
-            logger.warning(
-                "%s[%s]: could not refresh the lock for a retry", self.name, owner, exc_info=True
-            )
+            logger.warning("%s[%s]: could not refresh the lock for a retry", self.name, owner,
+                           exc_info=True)
 
     def _replaced(self, key: JobKey, replaced: str, task_id: str) -> None:
         replaced_by(self, key, replaced, task_id)
 
-    def _duplicate(
-        self,
-        key: JobKey,
-        alias: str,
-        holder: str,
-        task_id: str,
-        args: Any,
-        kwargs: Any,
-        options: dict[str, Any],
-    ) -> AsyncResult[Any]:
+    def _duplicate(self, key: JobKey, alias: str, holder: str, task_id: str, args: Any,
+                   kwargs: Any, options: dict[str, Any]) -> AsyncResult[Any]:
         metrics.decision(self.name, "deduplicated", key.key)
         observing = self.observing()
-        notify(
-            unique_job_skipped,
-            type(self),
-            task_id=task_id,
-            holder_id=holder,
-            key=key.key,
-            stage="dispatch",
-            observed=observing,
-        )
+        notify(unique_job_skipped, type(self), task_id=task_id, holder_id=holder, key=key.key,
+               stage="dispatch", observed=observing)
         if observing:
             # R3: reported, then published as a plain task would be; the worker runs it
             # without reporting it again (OBSERVED in its header).
@@ -292,7 +289,7 @@ class UniqueJob(DedupJob):
             return self.run(*args, **kwargs)  # no key could be computed (W4)
         if admitted.marker is not None:
             return self._run_marked(store, admitted, args, kwargs)
-        if self.release_on_start and admitted.resend is None:
+        if releases_on_start(self) and admitted.resend is None:
             return self.run(*args, **kwargs)
         lease = app_settings.LEASE_SECONDS
         # Released only once the lease has stopped: a renewal after the release would take
@@ -342,12 +339,21 @@ class UniqueJob(DedupJob):
             with leases.hold(store, marker, owner, app_settings.LEASE_SECONDS,
                              sender=type(self), delivery=admitted.delivery,
                              resend=admitted.resend, renew_at_once=admitted.resent) as held:
-                return self.run(*args, **kwargs)
+                return run_cancellable(self, held, admitted.key,
+                                       lambda: self.run(*args, **kwargs))
         finally:
             if held is None or held.granted is not False:
                 self._finish(store, marker, owner, admitted.alias, "", quiet=True)
             if held is not None and held.granted is None:
                 self._finish(store, admitted.key, owner, admitted.alias, "processing")
+
+    def cancel_requested(self) -> bool:
+        """L2: has a later dispatch (``on_duplicate = "cancel_running"``) asked this run to
+        stop? Read from the run's lease, renewed every third of LEASE_SECONDS: a cooperative
+        body polls it and returns (its result then ends REVOKED, naming that dispatch).
+        Always False in observe-only mode (R3) and outside a run of such a job."""
+        held = getattr(self.request, "dedup_lease", None)
+        return bool(held is not None and held.cancel and not self.observing())
 
     def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str,
                 *, quiet: bool = False) -> None:
@@ -357,13 +363,8 @@ class UniqueJob(DedupJob):
         try:
             released = store.release(key, owner)
         except StoreUnavailable:
-            logger.warning(
-                "%s[%s]: could not release %s; released as soon as the store answers.",
-                self.name,
-                owner,
-                key.key,
-                exc_info=True,
-            )
+            logger.warning("%s[%s]: could not release %s; released as soon as the store "
+                           "answers.", self.name, owner, key.key, exc_info=True)
             rollbacks.add(f"{key.key} of finished task {owner}",
                           lambda: bool(store.release(key, owner)), store=store,
                           lifetime=self._running_ttl() + app_settings.LEASE_SECONDS)
@@ -383,15 +384,14 @@ class UniqueJob(DedupJob):
             else:
                 key, alias = self.job_key(args, kwargs), self.store_alias()
         except Exception:
-            logger.warning(
-                "%s[%s]: no dedup key for the dropped message; its lock (if any) "
-                "expires by itself.",
-                self.name,
-                owner,
-                exc_info=True,
-            )
+            logger.warning("%s[%s]: no dedup key for the dropped message; its lock (if any) "
+                           "expires by itself.", self.name, owner, exc_info=True)
             return
-        self._finish(self.store(alias), key, owner, alias, "failure")
+        store = self.store(alias)
+        if runs_exclusive(self):  # its running marker too (L2: a terminated run, R2)
+            name_canceller(self, store, key, owner)
+            self._finish(store, running_key(key), owner, alias, "", quiet=True)
+        self._finish(store, key, owner, alias, "failure")
 
 class UniqueUntilProcessingJob(UniqueJob):
     """Unique until a worker takes the message: the lock is released just before ``run``

@@ -19,6 +19,7 @@ OUTCOMES = (
     "superseded",  # a debounced dispatch was superseded by a later one of its burst (D3)
     "deferred",  # a message reached a worker and waits: re-published with a countdown
     "replaced",  # a queued copy was replaced by a later dispatch (R1)
+    "cancelled",  # a running copy was asked to stop by a later dispatch (L2)
     "ran",  # a message's body runs at a worker
     "lock_lost",  # a running job's lease found its lock held by another owner (W6)
     "store_error",  # a store call failed (StoreUnavailable)

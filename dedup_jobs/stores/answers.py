@@ -54,6 +54,9 @@ class Acquired:
     acquired: bool
     holder: str  # the owner token now holding the lock (the caller's when acquired)
     replaced: str | None = None  # R1 (take_over): the queued owner the caller took over from
+    #: L2 (take_over with ``cancel``): the running owner the caller asked to stop (None: no
+    #: other run of the key, or another dispatch had asked it already)
+    cancelled: str | None = None
 
 
 class StartAnswer(Enum):
@@ -105,6 +108,8 @@ class Renewed:
     held: bool  # the caller holds the lock now (extended, or taken back)
     retaken: bool = False  # the key was free (flushed, evicted, expired, released): taken back
     holder: str | None = None  # the other owner when held is False
+    #: L2: a dispatch asked this run to stop (``cancel_running``): its owner, to run next
+    cancel: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

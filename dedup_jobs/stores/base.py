@@ -216,6 +216,25 @@ class BaseStore(ABC):
         released like a lock, through :meth:`renew` and :meth:`release` on ``running``)."""
         raise NotImplementedError(f"{self!r} cannot keep runs from overlapping")
 
+    def cancel_take(
+        self, key: JobKey, running: JobKey, owner: str, ttl: float, *, now: float,
+        request: str | None = None,
+    ) -> Acquired:
+        """L2 (``on_duplicate = "cancel_running"``), atomically: :meth:`take_over` of
+        ``key`` (free → taken, held queued by another owner → taken over, ``replaced``), and
+        when that took it, the running marker at ``running`` held by another owner is asked
+        to stop: its ``cancel`` is set to ``owner`` (read back by :meth:`renew` of the
+        marker, ``Renewed.cancel``), and ``cancelled`` names the marker's owner unless another
+        dispatch had asked it already. A re-send of the same ``request`` answers as the first
+        did (S7)."""
+        raise NotImplementedError(f"{self!r} cannot cancel a running job")
+
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool:
+        """S7: the undo of a :meth:`cancel_take` that failed: :meth:`undo` of ``key``, and the
+        request to stop that ``owner`` left on the marker at ``running`` withdrawn."""
+        raise NotImplementedError(f"{self!r} cannot cancel a running job")
+
     # -- throttling (T2-T5) ----------------------------------------------------------------
 
     #: the store can throttle (T4: one atomic round trip per admission)

@@ -266,10 +266,11 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
                 return AGAIN  # somebody took it in between: decide on what is there now
             if current["owner"] != owner:
                 return Renewed(held=False, holder=str(current["owner"]))
+            cancel = current.get("cancel") or None  # L2: a dispatch asked this run to stop
             if current["expires"] >= now + ttl:
-                return Renewed(held=True)
+                return Renewed(held=True, cancel=cancel)
             if calls.cas(key.key, {**current, "expires": now + ttl}, token, ttl):
-                return Renewed(held=True)
+                return Renewed(held=True, cancel=cancel)
             return AGAIN
 
         return decide(self.alias, key.key, attempt)

@@ -87,6 +87,55 @@ class CacheFlowMixin(Host):
 
             return decide(self.alias, key.key, attempt)
 
+    def cancel_take(
+        self, key: JobKey, running: JobKey, owner: str, ttl: float, *, now: float,
+        request: str | None = None,
+    ) -> Acquired:
+        """L2: :meth:`take_over`, then the running marker asked to stop. Two steps, each
+        cas-guarded: once the lock is the caller's, only the caller could take the marker
+        (its start needs the lock), so between them the marker can only be released by its
+        run or expire: asked or not, the answer says which."""
+        taken = self.take_over(key, owner, ttl, now=now, request=request)
+        if not taken.acquired:
+            return taken
+        calls = self.calls
+
+        def attempt() -> str | Again | None:
+            marker, token = calls.gets(running.key)
+            if marker is None or marker["owner"] == owner:
+                return None
+            before = marker.get("cancel")
+            if before == owner:
+                return str(marker["owner"])  # this request made again (S7)
+            left = float(marker["expires"]) - clock.now()
+            if left <= 0:
+                return None
+            if calls.cas(running.key, {**marker, "cancel": owner}, token, left):
+                return None if before else str(marker["owner"])
+            return AGAIN
+
+        with calls.decision():
+            cancelled = decide(self.alias, running.key, attempt)
+        return Acquired(acquired=True, holder=owner, replaced=taken.replaced,
+                        cancelled=cancelled)
+
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool:
+        """S7: the request to stop withdrawn (if it is still ``owner``'s), then :meth:`undo`."""
+        calls = self.calls
+
+        def attempt() -> bool | Again:
+            marker, token = calls.gets(running.key)
+            if marker is None or marker.get("cancel") != owner:
+                return False
+            left = float(marker["expires"]) - clock.now()
+            kept = {k: v for k, v in marker.items() if k != "cancel"}
+            return True if left <= 0 or calls.cas(running.key, kept, token, left) else AGAIN
+
+        with calls.decision():
+            decide(self.alias, running.key, attempt)
+        return self.undo(key, owner, request)
+
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo the failed dispatch ``request`` of ``owner``: its own lock is deleted, or
         for a take-over given back to the queued lock it replaced; a take-over of it by a
@@ -153,7 +202,9 @@ class CacheFlowMixin(Host):
                     return Started(run=True, holder=None, took=True)  # a re-send (S7)
                 current, token = calls.gets(key.key)
                 if current is not None and current["owner"] != owner:
-                    return Started(run=False, holder=str(current["owner"]))
+                    # L2: a cancel_running dispatch may have taken the lock over (R1)
+                    return Started(run=False, holder=str(current["owner"]),
+                                   taken_over=taken_over_age(current, owner, now))
                 if marker is not None:
                     if marker["owner"] == owner:
                         return Started(run=False, holder=owner, live=True)

@@ -12,6 +12,7 @@ capability     protocol                                          used by
 ``locks``      :class:`LockStore`                                UniqueJob, UniqueUntilProcessingJob
 ``replace``    :class:`ReplaceStore`                             ``on_duplicate = "replace"``
 ``overlap``    :class:`OverlapStore`                             ``without_overlapping = True``
+``cancel``     :class:`CancelStore`                              ``on_duplicate = "cancel_running"``
 ``debounce``   :class:`DebounceStore`                            DebouncedJob
 ``throttle``   :class:`ThrottleStore`                            ``concurrency`` / ``throttle``
 ``listing``    :class:`ListingStore`                             the admin, ``clear_stale_locks``
@@ -80,6 +81,17 @@ class OverlapStore(Protocol):
 
 
 @runtime_checkable
+class CancelStore(Protocol):
+    """L2: a dispatch takes the lock (over) and asks the key's running copy to stop."""
+
+    def cancel_take(self, key: JobKey, running: JobKey, owner: str, ttl: float, *,
+                    now: float, request: str | None = None) -> Acquired: ...
+
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool: ...
+
+
+@runtime_checkable
 class DebounceStore(Protocol):
     """D: one burst per key, one message per burst, the latest arguments run."""
 
@@ -131,6 +143,7 @@ CAPABILITIES: dict[str, type] = {
     "locks": LockStore,
     "replace": ReplaceStore,
     "overlap": OverlapStore,
+    "cancel": CancelStore,
     "debounce": DebounceStore,
     "throttle": ThrottleStore,
     "listing": ListingStore,
@@ -147,9 +160,9 @@ def methods(capability: str) -> tuple[str, ...]:
 #: the methods BaseStore declares with a default that raises NotImplementedError (the others
 #: are abstract, or have a default that works: ``undo`` releases the owner's lock)
 OPTIONAL = frozenset({
-    "take_over", "start_exclusive", "throttle_admit", "throttle_release", "throttle_renew",
-    "throttle_page", "iter_locks", "lock_page", "release_queued", "withdraw",
-    "iter_debounces", "debounce_page",
+    "take_over", "start_exclusive", "cancel_take", "undo_cancel", "throttle_admit",
+    "throttle_release", "throttle_renew", "throttle_page", "iter_locks", "lock_page",
+    "release_queued", "withdraw", "iter_debounces", "debounce_page",
 })
 
 

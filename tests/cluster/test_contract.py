@@ -53,6 +53,7 @@ CONTRACT_MODULES = (
     "tests.test_debounce_store",
     "tests.test_debounce_stale",
     "tests.test_flow_store",
+    "tests.test_cancel_store",
     "tests.test_idempotent",
     "tests.test_idempotent_stores",
     "tests.test_start_fates",

@@ -23,11 +23,12 @@ from django.test import override_settings
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs import unique
+from dedup_jobs.signals import unique_job_cancelled
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.scripts import SHA
 from tests.faults.jobs import bodies, fault_unique
-from tests.faults.jobs_dispatch import fault_replace
+from tests.faults.jobs_dispatch import fault_cancel, fault_replace
 from tests.faults.proxy import Proxy, redis_proxy
 from tests.faults.servers import RedisServer
 from tests.faults.store import LEASE_SECONDS, STORE_TIMEOUT, faulty_store, lock_of, until
@@ -187,6 +188,39 @@ def test_lost_take_over_reply_lets_the_replaced_holder_run(
         f"{_values(t)}"
     )
     assert gone, lock_of(fault_replace, t)
+
+
+def test_a_lost_cancel_reply_cancels_once_and_runs_the_new_dispatch_after(
+    app: Any, store_proxy: Proxy, published: list[str]
+) -> None:
+    """L2, S7: the reply of a cancel_running dispatch's store call (TAKE_OVER with the
+    running marker) is lost after Redis ran it; the client re-sends it. The re-send answers
+    as the first did: B is published once, the running A is cancelled once (one signal), A
+    stops at a renewal and ends REVOKED naming B, and B runs after A, never beside it."""
+    cancelled: list[tuple[str, str]] = []
+
+    def on_cancelled(sender: Any = None, **kwargs: Any) -> None:
+        cancelled.append((kwargs["cancelled_id"], kwargs["by_id"]))
+
+    unique_job_cancelled.connect(on_cancelled, weak=False)
+    try:
+        with faulty_store(store_proxy.url()), thread_worker(app):
+            t = token()
+            first = fault_cancel.delay(t, 1, seconds=30)
+            assert until(lambda: len(bodies(t)) == 1, 10)[0], "A never started"
+            lost = store_proxy.drop_next_reply(match=SHA["TAKE_OVER"].encode())
+            second = fault_cancel.delay(t, 2)
+            assert lost.wait(0), "the proxy saw no TAKE_OVER"
+            assert second.get(timeout=20) == 2
+            state, result = first.state, first.result
+    finally:
+        unique_job_cancelled.disconnect(on_cancelled)
+    assert not second.deduplicated and published.count(second.id) == 1, published
+    assert cancelled == [(first.id, second.id)], cancelled
+    assert state == "REVOKED" and second.id in str(result), (state, result)
+    runs = bodies(t)
+    assert [b["value"] for b in runs] == [1, 2], runs
+    assert runs[0]["end"] is not None and runs[0]["end"] <= runs[1]["start"], runs
 
 
 def test_an_undo_on_a_store_that_stays_down_holds_up_no_other(

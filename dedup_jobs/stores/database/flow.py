@@ -93,6 +93,15 @@ def undo_key(key: JobKey) -> str:
     return f"{key.key[:300]}:undo:{hashlib.sha256(key.key.encode()).hexdigest()}"
 
 
+def cancel_of(text: str | None, owner: str) -> str | None:
+    """L2: who asked ``owner``'s run to stop, from a marker row's ``cancel`` (None: nobody;
+    a request naming another run, an earlier one of the key, is stale)."""
+    if not text:
+        return None
+    target, by = json.loads(text)
+    return str(by) if target == owner else None
+
+
 def kept_request(request: str | None) -> str | None:
     """The request id as the row keeps it in its nonce (None: too long, matched by owner)."""
     return request if request and len(request) <= NONCE_LENGTH else None
@@ -178,6 +187,47 @@ class DatabaseFlowMixin(Host):
                 return Acquired(acquired=True, holder=owner, replaced=row.owner)
 
         return decide(self.alias, key.key, attempt)
+
+    def cancel_take(
+        self, key: JobKey, running: JobKey, owner: str, ttl: float, *, now: float,
+        request: str | None = None,
+    ) -> Acquired:
+        """L2: :meth:`take_over`, then, in a transaction of its own, the running marker's row
+        (read ``FOR UPDATE`` with the server's clock) asked to stop. Once the lock is the
+        caller's only the caller could take the marker (its start needs the lock), so
+        between the two the marker can only be released by its run or expire."""
+        taken = self.take_over(key, owner, ttl, now=now, request=request)
+        if not taken.acquired:
+            return taken
+        cancelled = self._guard(self._ask_to_stop, running, owner)
+        return Acquired(acquired=True, holder=owner, replaced=taken.replaced,
+                        cancelled=cancelled)
+
+    def _ask_to_stop(self, running: JobKey, owner: str) -> str | None:
+        rows = JobLock.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            row = rows.select_for_update().filter(key=running.key,
+                                                  expires_at__gt=ServerNow()).first()
+            if row is None or row.owner == owner:
+                return None
+            before = cancel_of(row.cancel, row.owner)
+            if before == owner:
+                return row.owner  # this request made again (S7)
+            rows.filter(pk=row.pk).update(cancel=json.dumps([row.owner, owner]))
+            return None if before else row.owner
+
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool:
+        """S7: the request to stop withdrawn (if it is still ``owner``'s), then :meth:`undo`."""
+        self._guard(self._withdraw_cancel, running, owner)
+        return self.undo(key, owner, request)
+
+    def _withdraw_cancel(self, running: JobKey, owner: str) -> None:
+        rows = JobLock.objects.using(self.using)
+        with transaction.atomic(using=self.using):
+            row = rows.select_for_update().filter(key=running.key).first()
+            if row is not None and cancel_of(row.cancel, row.owner) == owner:
+                rows.filter(pk=row.pk).update(cancel=None)
 
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo the failed dispatch ``request`` of ``owner`` (its nonce in the row): its

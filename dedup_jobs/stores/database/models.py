@@ -31,6 +31,11 @@ class JobLock(models.Model):
     #: nonce], …]`` (at most 16; "" for none): an undo of the failed take-over gives the lock
     #: back, and the replaced holder's worker check is told it was taken over
     chain = models.TextField(blank=True, default="", editable=False)
+    #: L2: on a running marker, a dispatch's request that the run stop, as JSON ``[the
+    #: marker's owner, the dispatch's owner]`` (NULL: none; a request naming another owner
+    #: than the marker's is a stale one, of an earlier run of the key, and is ignored). NULL,
+    #: not "", so that the raw statements that insert rows need not name the column.
+    cancel = models.TextField(null=True, blank=True, editable=False)  # noqa: DJ001
 
     objects = JobLockQuerySet.as_manager()
 

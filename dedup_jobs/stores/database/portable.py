@@ -19,6 +19,7 @@ from django.db import IntegrityError, connections, transaction
 from dedup_jobs import clock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import RUNNING, Renewed
+from dedup_jobs.stores.database.flow import cancel_of
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.servertime import ServerNow, server_epoch
 from dedup_jobs.stores.retry import AGAIN, ATTEMPTS, Again, decide
@@ -118,7 +119,7 @@ class RowLockingMixin(Host):
                         return Renewed(held=False, holder=row.owner)
                     rows.filter(pk=row.pk, expires_at__lt=ServerNow(ttl)).update(
                         expires_at=ServerNow(ttl))
-                    return Renewed(held=True)
+                    return Renewed(held=True, cancel=cancel_of(row.cancel, owner))
             try:
                 with transaction.atomic(using=self.using):
                     if self._server_past(deadline):

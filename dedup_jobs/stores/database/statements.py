@@ -102,6 +102,10 @@ EXTEND = """
 UPDATE {t} SET expires_at = CASE WHEN expires_at < {until} THEN {until} ELSE expires_at END
 WHERE {k} = %s AND owner = %s AND expires_at > {now}
 """
+#: the lease's usual renewal: EXTEND of a row nobody asked to stop (L2: a row with a request,
+#: even a stale one, is renewed on the slower path that reads it, and a stale one cleared)
+EXTEND_UNASKED = EXTEND + "AND cancel IS NULL\n"
+EXTEND_CLEARED = EXTEND.replace("SET ", "SET cancel = NULL, ", 1)
 
 # The lease taking a free key back (W6): insert, or overwrite an expired row; a row still held
 # is left as it is. The nonce is the running delivery's, as the worker start leaves it

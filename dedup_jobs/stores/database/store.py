@@ -32,7 +32,7 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.database import statements as sql
 from dedup_jobs.stores.database.debounce import DatabaseDebounceMixin
-from dedup_jobs.stores.database.flow import DatabaseFlowMixin, was_replaced
+from dedup_jobs.stores.database.flow import DatabaseFlowMixin, cancel_of, was_replaced
 from dedup_jobs.stores.database.listing import DatabaseReadingMixin
 from dedup_jobs.stores.database.models import JobLock, PendingDebounce
 from dedup_jobs.stores.database.portable import RowLockingMixin
@@ -286,14 +286,14 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         names = self._names()
         now, now_params = server_now(connection)
         until, until_params = server_later(connection, ttl)
-        extend = sql.EXTEND.format(now=now, until=until, **names)
+        extend = sql.EXTEND_UNASKED.format(now=now, until=until, **names)
         text = sql.template(form)
         take = sql.TAKE_FREE[text].format(
             columns=sql.LOCK_COLUMNS.format(**names),
             values=sql.in_time(sql.LOCK_VALUES.format(now=now, until=until), now, form),
             free=sql.FREE[text].format(t=names["t"]), **names,
         )
-        held = "SELECT owner FROM {t} WHERE {k} = %s AND expires_at > {now}".format(
+        held = "SELECT owner, cancel FROM {t} WHERE {k} = %s AND expires_at > {now}".format(
             now=now, **names)
         with connection.cursor() as cursor:
 
@@ -308,13 +308,19 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
                 ], names=names, key=key.key, result=sql.LOCK_RESULT)
                 if rows and tuple(rows[0][:2]) == (owner, nonce):
                     return Renewed(held=True, retaken=True)
-                if rows:  # ON DUPLICATE KEY: the row it left alone, held
-                    holder = rows[0][0]
-                else:
+                # ON DUPLICATE KEY: the row it left alone, held
+                holder, asked = (rows[0][0], None) if rows else (None, None)
+                if holder is None or holder == owner:
                     cursor.execute(held, [key.key, *now_params])
                     row = cursor.fetchone()
-                    holder = None if row is None else row[0]
-                if holder is not None and holder != owner:
+                    holder, asked = (None, None) if row is None else row
+                if holder == owner:  # L2: held, and asked to stop (or a stale request)
+                    cancel = cancel_of(asked, owner)
+                    again = sql.EXTEND if cancel else sql.EXTEND_CLEARED
+                    cursor.execute(again.format(now=now, until=until, **names), [
+                        *until_params, *until_params, key.key, owner, *now_params])
+                    return Renewed(held=True, cancel=cancel) if cursor.rowcount else AGAIN
+                if holder is not None:
                     return Renewed(held=False, holder=str(holder))
                 if self._server_past(deadline):  # free, not taken back: late (S7)
                     raise self._refused(deadline)

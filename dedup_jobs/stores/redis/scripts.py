@@ -191,7 +191,8 @@ return 0
 # ARGV[1] owner, ARGV[2] ttl ms, ARGV[3] the caller's deadline (epoch ms, server clock), ARGV[4]
 # task name, ARGV[5] readable id, ARGV[6] the running delivery's nonce ("": unknown), kept in
 # 'run' as START leaves it, so that W5 still tells a second delivery from this run
-# Returns "1" when the caller held the lock (extended or already long enough), "2" when the
+# Returns "1" when the caller held the lock (extended or already long enough; "C" .. owner
+# instead when a dispatch of that owner asked this run to stop, L2, cancel_take), "2" when the
 # key was free and the caller holds it again (state running, its index entry back), or
 # "0" .. holder when another owner holds it. A re-send answers "1" and changes nothing more.
 # S7: a take-back past the caller's deadline (a late renewal: the run may have ended and
@@ -202,8 +203,11 @@ if cur and cur ~= ARGV[1] then
   return '0' .. cur
 end
 local ttl = tonumber(ARGV[2])
-if cur and redis.call('PTTL', KEYS[1]) >= ttl then
-  return '1'
+local held = '1'
+if cur then
+  local c = redis.call('HGET', KEYS[1], 'cancel')
+  if c then held = 'C' .. c end
+  if redis.call('PTTL', KEYS[1]) >= ttl then return held end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -218,7 +222,7 @@ else
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
-if cur then return '1' end
+if cur then return held end
 return '2'
 """
 
@@ -248,23 +252,41 @@ return 0
 # changed), "L" .. server ms when run past the deadline (nothing changed). A re-send of the
 # same request (without a request id: by the same owner) answers as the first did: "R" .. the
 # id it replaced, or "1".
+# L2 (cancel_take): with KEYS[3], the key's running marker ("{lock key}:run"), the answer is
+# {that answer, cancelled}: when the lock was taken, a marker held by another owner is asked
+# to stop (its 'cancel' set to the caller, read back by RENEW) and cancelled names that
+# owner ("" when there is none, or another dispatch had asked it already; a re-send of the
+# caller's names it again).
 TAKE_OVER = """
+local function no(a)
+  if KEYS[3] then return {a, ''} end
+  return a
+end
+local function done(a)
+  if not KEYS[3] then return a end
+  local m = redis.call('HMGET', KEYS[3], 'owner', 'cancel')
+  if not m[1] or m[1] == ARGV[1] then return {a, ''} end
+  if m[2] == ARGV[1] then return {a, m[1]} end
+  redis.call('HSET', KEYS[3], 'cancel', ARGV[1])
+  if m[2] then return {a, ''} end
+  return {a, m[1]}
+end
 local s = redis.call('HMGET', KEYS[1], 'owner', 'state', 'replaced', 'req', 'chain')
 local cur = s[1]
 local req = ARGV[6] or ''
 if cur == ARGV[1] then
-  if req ~= '' and s[4] ~= req then return '0' .. cur end
-  if s[3] and s[3] ~= '' then return 'R' .. s[3] end
-  return '1'
+  if req ~= '' and s[4] ~= req then return no('0' .. cur) end
+  if s[3] and s[3] ~= '' then return done('R' .. s[3]) end
+  return done('1')
 end
 if cur and s[2] == 'running' then
-  return '0' .. cur
+  return no('0' .. cur)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[3])
 if deadline > 0 and now > deadline then
-  return 'L' .. now
+  return no('L' .. now)
 end
 local expires = now + tonumber(ARGV[2])
 local chain = ''
@@ -280,8 +302,8 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now
            'req', req, 'chain', chain)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
-if cur then return 'R' .. cur end
-return '1'
+if cur then return done('R' .. cur) end
+return done('1')
 """
 
 # START_EXCLUSIVE — R2: the until-processing worker check of a job without_overlapping.

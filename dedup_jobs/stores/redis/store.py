@@ -142,6 +142,13 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
         return bool(self._eval("UNDO", [physical, index, f"{physical}:undo"],
                                (owner, request or "", self._tombstone_ms()), key.task_name))
 
+    def undo_cancel(self, key: JobKey, running: JobKey, owner: str,
+                    request: str | None) -> bool:
+        physical, index = self.place(key)
+        return bool(self._eval(
+            "UNDO", [physical, index, f"{physical}:undo", self.place(running)[0]],
+            (owner, request or "", self._tombstone_ms()), key.task_name))
+
     def renew(
         self, key: JobKey, owner: str, ttl: float, *, now: float, delivery: str | None = None
     ) -> Renewed:
@@ -152,6 +159,8 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             ))
             if answer[0] == "0":
                 return Renewed(held=False, holder=answer[1:])
+            if answer[0] == "C":
+                return Renewed(held=True, cancel=answer[1:])
             if answer[0] != "L":
                 return Renewed(held=True, retaken=answer == "2")
             self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
@@ -202,15 +211,31 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     def take_over(
         self, key: JobKey, owner: str, ttl: float, *, now: float, request: str | None = None
     ) -> Acquired:
+        return self._take_over(key, None, owner, ttl, request)
+
+    def cancel_take(
+        self, key: JobKey, running: JobKey, owner: str, ttl: float, *, now: float,
+        request: str | None = None,
+    ) -> Acquired:
+        return self._take_over(key, running, owner, ttl, request)
+
+    def _take_over(self, key: JobKey, running: JobKey | None, owner: str, ttl: float,
+                   request: str | None) -> Acquired:
+        """TAKE_OVER; with ``running``, its marker is passed too (L2, cancel_take)."""
+        keys = list(self.place(key))
+        if running is not None:
+            keys.append(self.place(running)[0])
         for _attempt in range(2):
-            answer = _text(self._call(
-                "TAKE_OVER", key, owner, _ms(ttl), self.deadline_ms(), key.task_name,
-                key.ident, request or "",
-            ))
+            reply = self._eval("TAKE_OVER", keys, (
+                owner, _ms(ttl), self.deadline_ms(), key.task_name, key.ident, request or ""),
+                key.task_name)
+            answer, cancelled = ((_text(reply[0]), _text(reply[1]) or None)
+                                 if running is not None else (_text(reply), None))
             if answer[0] == "1":
-                return Acquired(acquired=True, holder=owner)
+                return Acquired(acquired=True, holder=owner, cancelled=cancelled)
             if answer[0] == "R":
-                return Acquired(acquired=True, holder=owner, replaced=answer[1:])
+                return Acquired(acquired=True, holder=owner, replaced=answer[1:],
+                                cancelled=cancelled)
             if answer[0] == "0":
                 return Acquired(acquired=False, holder=answer[1:])
             self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew

@@ -35,10 +35,15 @@ end
 # is dropped from the lock's chain, so no later undo gives the key back to a dispatch that
 # failed (chained take-overs).
 # KEYS[1] lock key, KEYS[2] index key, KEYS[3] its undo tombstone ("{lock key}:undo")
+# KEYS[4] (undo_cancel, L2) the key's running marker: the request to stop that the caller left
+# on it is withdrawn
 # ARGV[1] owner, ARGV[2] request id ("": a lock taken without one, by owner alone),
 # ARGV[3] tombstone ttl ms
 # Returns 1 when the request's lock was undone (also to a re-send, by the tombstone), else 0.
 UNDO = """
+if KEYS[4] and redis.call('HGET', KEYS[4], 'cancel') == ARGV[1] then
+  redis.call('HDEL', KEYS[4], 'cancel')
+end
 local s = redis.call('HMGET', KEYS[1], 'owner', 'req', 'chain', 'state')
 local chain = {}
 if s[3] and s[3] ~= '' then chain = cjson.decode(s[3]) end
