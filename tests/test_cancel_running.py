@@ -18,10 +18,19 @@ from dedup_jobs import clock
 from dedup_jobs.signals import unique_job_cancelled, unique_job_replaced
 from dedup_jobs.stores.base import running_key
 from tests import jobs, jobs_flow
-from tests.test_flow import PROCESS_STORES, _dedup
+from tests.test_flow import _dedup
 from tests.workers import process_worker, wait_for
 
 LEASE = 3.0  # seconds: renewals (and so a cancel's reading) every second
+#: the worker tests' stores: Redis in the README's command, the database store on
+#: PostgreSQL and MariaDB in the slow matrix
+PROCESS_STORES = [
+    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
+    pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
+                 id="database-postgres"),
+    pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
+                 id="database-mariadb"),
+]
 
 
 def _records(name: str) -> list[Any]:

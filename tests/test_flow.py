@@ -259,6 +259,25 @@ def test_redis_replace_and_overlap_decisions_are_one_round_trip(redis_client: An
     assert store.get(key) is None and store.get(running_key(key)) is None
 
 
+def test_redis_cancel_decisions_are_one_round_trip(redis_client: Any) -> None:
+    """L2 / section 8, counted on the Redis server: a cancel_running dispatch while a run is
+    in progress is one EVALSHA (the lock taken, the run asked to stop), and so is the run's
+    renewal that reads the request back: a cancel costs no call of its own."""
+    load_scripts(jobs.unique_sleep.store())
+    cancel = jobs_flow.cancel_latest
+    store, key = cancel.store(), cancel.job_key((1,), {})
+    assert store.acquire(key, "running-two", 60, now=clock.now()).acquired
+    assert store.start_exclusive(key, running_key(key), "running-two", 60,
+                                 now=clock.now()).run  # a run of the key is in progress
+    with kombu.Connection(MEMORY) as memory:
+        assert delta(redis_client, lambda: cancel.apply_async((1,), connection=memory)) == {
+            "evalsha": 1}
+    renewed: list[Any] = []
+    assert delta(redis_client, lambda: renewed.append(store.renew(
+        running_key(key), "running-two", 60, now=clock.now()))) == {"evalsha": 1}
+    assert renewed[0].held and renewed[0].cancel is not None
+
+
 @pytest.mark.postgres
 @override_settings(DEDUP_JOBS={"STORE": "database", "DATABASE_ALIAS": "postgres"})
 def test_postgres_take_over_is_one_statement() -> None:
