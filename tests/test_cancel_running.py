@@ -160,3 +160,26 @@ def test_a_failed_publish_withdraws_the_request_to_stop(app: Any, monkeypatch: A
     assert store.get(key) is None
     renewed = store.renew(run, "runs", 60, now=clock.now())
     assert (renewed.held, renewed.cancel) == (True, None)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize(("task", "named"), [(jobs_flow.cancel_latest, True),
+                                             (jobs_flow.no_overlap, False)])
+def test_a_terminated_run_names_the_copy_after_it_only_when_cancelled(
+        app: Any, task: Any, named: bool) -> None:
+    """L2: the worker's main process, dropping a terminated run (``release_dropped``),
+    names the copy queued under its key in the run's REVOKED result on a cancel_running
+    job, and leaves Celery's own "terminated" alone on another exclusive job (a revoke
+    somebody sent); either way the run's marker is released and the queued lock kept."""
+    store, key = task.store(), task.job_key((44,), {})
+    run, running, queued = running_key(key), f"running-{named}", f"queued-{named}"
+    assert store.acquire(key, running, 60, now=clock.now()).acquired
+    assert store.start_exclusive(key, run, running, 60, now=clock.now(), delivery="d").run
+    assert store.acquire(key, queued, 60, now=clock.now()).acquired
+    task.backend.mark_as_revoked(running, reason="terminated")
+    task.release_dropped(running, {**key.as_header("redis")}, (44,), {})
+    reason = str(task.AsyncResult(running).result)
+    assert (queued in reason) is named and ("terminated" in reason) is not named, reason
+    assert store.get(run) is None
+    lock = store.get(key)
+    assert lock is not None and lock.owner == queued

@@ -84,8 +84,8 @@ def name_canceller(job: UniqueJob, store: BaseStore, key: JobKey, owner: str) ->
     dispatch that cancelled ``owner``'s run (or one that replaced it since): ``owner``'s
     result is REVOKED naming it (Celery's own mark, made just before, says only
     "terminated")."""
-    if job.ignore_result:
-        return
+    if job.ignore_result or job.on_duplicate != CANCEL_RUNNING:
+        return  # a run of a without_overlapping job, say, terminated by somebody's revoke
     try:
         for where in (key, running_key(key)):
             held = store.get(where)

@@ -281,7 +281,10 @@ class DatabaseStore(DatabaseThrottleMixin, DatabaseFlowMixin, RowLockingMixin,
         caller, take it if free (one upsert); else name the holder (the upsert's row on
         MariaDB and MySQL, one SELECT on PostgreSQL and SQLite). Each statement is atomic; a
         row that changed hands in between is decided again. S7: the take-back carries the
-        caller's deadline (a late one takes nothing: the run may have ended and released)."""
+        caller's deadline (a late one takes nothing: the run may have ended and released).
+        L2: the usual UPDATE leaves a row with a request to stop alone; the caller's row found
+        held that way is extended by a second UPDATE, the request read (a stale one, naming
+        an earlier run, cleared)."""
         connection = connections[self.using]
         names = self._names()
         now, now_params = server_now(connection)
