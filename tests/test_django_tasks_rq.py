@@ -24,7 +24,9 @@ from tests.test_django_tasks_workers import ROOT, Site, enqueue, go, running, un
 #: the rq queue's database on the tests' Redis (9-12 are the locks, broker, results, runs)
 RQ_DB = 13
 
-pytestmark = pytest.mark.usefixtures("_rq_db")
+#: in the slow matrix (``uv run pytest -m matrix``): real rq workers, ~40 s of the README's
+#: command; the db_worker suites (tests/test_django_tasks_workers.py) stay in it
+pytestmark = [pytest.mark.usefixtures("_rq_db"), pytest.mark.matrix]
 
 
 @dataclass
@@ -157,14 +159,16 @@ def test_a_job_around_the_decorator_is_not_run_while_another_holds(site: RQSite)
 
 
 def test_ten_debounced_enqueues_leave_one_scheduled_job_run_once(site: RQSite) -> None:
-    """K2/D1 on rq: 10 enqueues of one key within debounce_for (2 s) leave one scheduled
-    job (the absorbed ones' jobs deleted), whose id every enqueue returned; rq's scheduler
-    moves it to the queue when its run_after passes, and it runs once with the last
-    enqueue's arguments."""
+    """K2/D1 on rq: 10 enqueues of one key within debounce_for (2 s) leave one job (the
+    absorbed ones' jobs deleted), whose id every enqueue returned; rq's scheduler moves it
+    to the queue when its run_after passes, and it runs once with the last enqueue's
+    arguments. (Read right after the enqueuing process ends, the job is "scheduled"; on a
+    loaded machine its run_after may have passed by then, and it is on its way.)"""
     with rq_worker(site):
         answers = enqueue(site, "debounced_tail", "r", count=10)
         found = site.statuses()
-        assert list(found.values()) == ["scheduled"], found
+        assert len(found) == 1 and set(found.values()) <= {
+            "scheduled", "queued", "started", "finished"}, found
         (burst,) = found
         assert [a["id"] for a in answers] == [burst] * 10
         assert [a["deduplicated"] for a in answers] == [False] + [True] * 9
