@@ -40,15 +40,15 @@ def test_threads_publish_exactly_one_message(app: Any, store_name: str) -> None:
         assert queued(app) == round_ + 1
 
 
-#: django-redis and PostgreSQL in `uv run pytest`; every other backend in the slow store
-#: matrix (`uv run pytest -m matrix`, a CI step of its own)
+#: django-redis in `uv run pytest`; every other backend in the slow store matrix (`uv run
+#: pytest -m matrix`, a CI step of its own)
 MATRIX = pytest.mark.matrix
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
     pytest.param("djredis", marks=[pytest.mark.redis, MATRIX], id="django-cache-redis"),
     pytest.param("valkey", marks=[pytest.mark.redis, pytest.mark.valkey, MATRIX],
                  id="django-valkey"),
-    pytest.param("postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("postgres", marks=[pytest.mark.postgres, MATRIX], id="database-postgres"),
     pytest.param("mariadb", marks=[pytest.mark.mariadb, MATRIX], id="database-mariadb"),
     pytest.param("mariadb-as-mysql", marks=[pytest.mark.mariadb, MATRIX],
                  id="database-mariadb-as-mysql"),

@@ -168,6 +168,7 @@ def test_demo_runs_again_on_the_same_database(tmp_path: Path) -> None:
     assert query(db, "SELECT reprice_runs FROM shop_product WHERE id = 42") == [(2,)]
 
 
+@pytest.mark.matrix  # a second demo run: in the slow matrix
 def test_demo_runs_after_a_dispatch_whose_message_was_lost(tmp_path: Path) -> None:
     """D9, issue 21 case 8: a dispatch from a shell on the example project's in-memory
     broker leaves a burst whose message ended with the shell; the demo clears the state of

@@ -28,9 +28,12 @@ from tests import contention, jobs, jobs_flow
 from tests.test_stores import MEMORY, delta, load_scripts
 from tests.workers import process_worker, thread_worker, wait_for, wait_idle
 
+#: the prefork worker tests' stores: Redis in the README's command, the database store in the
+#: slow matrix (``uv run pytest -m matrix``)
 PROCESS_STORES = [
     pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("database-postgres", marks=pytest.mark.postgres, id="database-postgres"),
+    pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
+                 id="database-postgres"),
     pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
                  id="database-mariadb"),
 ]
