@@ -6,7 +6,6 @@ its own arguments; while the holder is queued it replaces it."""
 from __future__ import annotations
 
 import time
-from ast import literal_eval
 from typing import Any
 
 import pytest
@@ -17,24 +16,11 @@ from django.test import override_settings
 from dedup_jobs import clock
 from dedup_jobs.signals import unique_job_cancelled, unique_job_replaced
 from dedup_jobs.stores.base import running_key
-from tests import jobs, jobs_flow
-from tests.test_flow import _dedup
+from tests import jobs_flow
+from tests.test_flow import PROCESS_STORES, _dedup, _records
 from tests.workers import process_worker, wait_for
 
 LEASE = 3.0  # seconds: renewals (and so a cancel's reading) every second
-#: the worker tests' stores: Redis in the README's command, the database store on
-#: PostgreSQL and MariaDB in the slow matrix
-PROCESS_STORES = [
-    pytest.param("redis", marks=pytest.mark.redis, id="django-redis"),
-    pytest.param("database-postgres", marks=[pytest.mark.postgres, pytest.mark.matrix],
-                 id="database-postgres"),
-    pytest.param("database-mariadb", marks=[pytest.mark.mariadb, pytest.mark.matrix],
-                 id="database-mariadb"),
-]
-
-
-def _records(name: str) -> list[Any]:
-    return [literal_eval(value) for value in jobs.runs(name)]
 
 
 def _env(store: str) -> tuple[dict[str, Any], dict[str, str]]:
