@@ -10,10 +10,11 @@ very request may have done (``engine/rollback.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dedup_jobs.keys import JobKey
-from dedup_jobs.stores.base import BaseStore, new_request_id, running_key
+from dedup_jobs.stores.base import AcquireCall, Acquired, BaseStore, new_request_id, running_key
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +61,10 @@ class Dispatch:
         else:
             answer = store.acquire(self.key, self.task_id, self.ttl, now=now,
                                    request=self.request)
+        return self.read(answer)
+
+    def read(self, answer: Acquired) -> Dispatched:
+        """What the store's answer to this dispatch means."""
         # A freshly generated id held already means this very call ran twice (the client
         # re-sent it after a lost reply): the lock is ours. (The Redis family answers such a
         # re-send "taken" itself, by the request id, for any id.)
@@ -67,3 +72,16 @@ class Dispatch:
         return Dispatched(publish=mine, holder=answer.holder,
                           replaced=answer.replaced if mine else None,
                           cancelled=answer.cancelled if mine else None)
+
+
+def ask_many(dispatches: Sequence[Dispatch], store: BaseStore, *, now: float) -> list[Dispatched]:
+    """L3: the lock calls of a batch of plain dispatches (neither ``replace`` nor ``cancel``)
+    in one store call, ``store.acquire_many`` (one round trip where the store can), answered
+    in order; a later dispatch of a key an earlier one took is its duplicate. StoreUnavailable
+    as :meth:`Dispatch.ask`, for the whole batch: the caller undoes every request of it."""
+    many = getattr(store, "acquire_many", None)  # a plugged store may lack it: one by one
+    calls = [AcquireCall(key=d.key, owner=d.task_id, ttl=d.ttl, request=d.request)
+             for d in dispatches]
+    answers = (many(calls, now=now) if many is not None else
+               [store.acquire(c.key, c.owner, c.ttl, now=now, request=c.request) for c in calls])
+    return [d.read(a) for d, a in zip(dispatches, answers, strict=True)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from celery.contrib.django.task import DjangoTask
@@ -15,6 +15,7 @@ from dedup_jobs import keys
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
+from dedup_jobs.jobs.calls import checked_calls, refuse_one_message_options
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -114,6 +115,22 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
                 f"{cls_label}: {option} = {value!r} must be a number of seconds above 0"
                 f"{not_finite(value)}."
             )
+
+    #: L3: how a batch of this kind is dispatched at once (``jobs/bulk.py``
+    #: ``dispatch_batch`` for the unique kinds); None: one call at a time
+    _batch: ClassVar[Callable[..., list[Any]] | None] = None
+
+    def dispatch_many(self, calls: Iterable[Any], **options: Any) -> list[Any]:
+        """L3: dispatch each ``(args, kwargs)`` of ``calls`` with ``options`` (what
+        ``apply_async`` takes, but a task id, links or a canvas); one ``AsyncResult`` per
+        call, in order, as a single dispatch would return it. A unique kind takes every lock
+        of the batch in one store round trip (docs/jobs.md#dispatch-many)."""
+        checked = checked_calls(self, calls)
+        refuse_one_message_options(self, options)
+        batch = type(self)._batch
+        if batch is None:
+            return [self.apply_async(args, kwargs, **options) for args, kwargs in checked]
+        return batch(self, checked, options)
 
     # -- keys and stores ----------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from dedup_jobs.exceptions import (
 )
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
+from dedup_jobs.jobs.bulk import dispatch_batch
 from dedup_jobs.jobs.cancel import (
     CANCEL_RUNNING,
     REPLACING,
@@ -69,6 +70,7 @@ class UniqueJob(DedupJob):
     _key_fields_option = "unique_on"
     _id_hook = "unique_id"
     _via_option = "unique_via"
+    _batch = staticmethod(dispatch_batch)  # L3: a batch's locks in one store call
 
     #: seconds; the fail-safe expiry of a lock whose job never ran (default:
     #: DEDUP_JOBS["DEFAULT_UNIQUE_FOR"]); or a method of the call's arguments (L1)

@@ -47,6 +47,17 @@ class Page(Generic[T]):
     has_more: bool
 
 
+@dataclass(frozen=True, slots=True)
+class AcquireCall:
+    """One dispatch of a batch (L3, :meth:`BaseStore.acquire_many`): what
+    :meth:`BaseStore.acquire` takes."""
+
+    key: JobKey
+    owner: str
+    ttl: float
+    request: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class Acquired:
     """The answer of :meth:`BaseStore.acquire`."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from dedup_jobs.exceptions import StoreUnavailable
@@ -22,6 +22,7 @@ from dedup_jobs.stores.answers import (
     STATE_GRACE,
     THROTTLE_GRACE,
     WAIT,
+    AcquireCall,
     Acquired,
     Admission,
     CallArgs,
@@ -55,6 +56,7 @@ __all__ = [
     "THROTTLE_GRACE",
     "TIMED_CALLS",
     "WAIT",
+    "AcquireCall",
     "Acquired",
     "Admission",
     "BaseStore",
@@ -153,6 +155,14 @@ class BaseStore(ABC):
         this dispatch: a store that keeps it (the Redis family) answers a re-send of the same
         request "taken", also for an explicit task id, and :meth:`undo` removes only the lock
         this request took (S7). Without one, a second call by ``owner`` is a duplicate."""
+
+    def acquire_many(self, calls: Sequence[AcquireCall], *, now: float) -> list[Acquired]:
+        """L3: :meth:`acquire` for each of ``calls`` in order, as one store round trip where
+        the store can (the Redis family on one server: one pipelined write of every EVALSHA,
+        one read of the answers), else one call each (this default). A later call of a key
+        an earlier one took is a duplicate of it. StoreUnavailable when any answer is missing
+        (never sent, lost, late): the caller undoes every request of the batch (S7)."""
+        return [self.acquire(c.key, c.owner, c.ttl, now=now, request=c.request) for c in calls]
 
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed

@@ -37,7 +37,7 @@ PASS, DELAY, BLACKHOLE, REFUSE = "pass", "delay", "blackhole", "refuse"
 
 @dataclass
 class Fault:
-    """A one-shot fault: ``action`` is "drop", "delay" or "hook"; ``fired_at`` (monotonic)
+    """A one-shot fault: ``action`` is "drop", "cut", "delay" or "hook"; ``fired_at`` (monotonic)
     is set when the matching reply was dropped, held back or hooked; ``request`` is the
     request it hit."""
 
@@ -111,6 +111,11 @@ class _Link:
                     fault.fired_at = time.monotonic()
                     fault.fired.set()
                     break  # the reply is lost and the client's connection with it
+                if fault is not None and fault.action == "cut":
+                    self.client.sendall(data[:len(data) // 2])  # a batch's first answers
+                    fault.fired_at = time.monotonic()
+                    fault.fired.set()
+                    break  # the rest is lost and the client's connection with it
                 if fault is not None and fault.action == "hook":
                     assert fault.callback is not None
                     try:
@@ -180,6 +185,11 @@ class Proxy:
         """Lose the reply to the next request containing ``match`` (any request if None)
         after the server ran it, and close that client connection."""
         return self._arm(Fault("drop", match))
+
+    def cut_next_reply(self, match: bytes | None = None) -> Fault:
+        """Forward the first half of the reply bytes to the next request containing
+        ``match`` (a pipelined batch's first answers), then close that client connection."""
+        return self._arm(Fault("cut", match))
 
     def delay_next_reply(self, seconds: float, match: bytes | None = None) -> Fault:
         """Hold back only the reply to the next request containing ``match``."""

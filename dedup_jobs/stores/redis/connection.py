@@ -232,6 +232,34 @@ class RedisConnection:
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 
+    def _send_many(self, name: str, calls: list[tuple[list[str], tuple[Any, ...]]],
+                   job: str = "?") -> list[Any] | None:
+        """L3: script ``name`` for each ``(keys, args)`` of a batch in one round trip, as
+        :meth:`_send` (NOSCRIPT: loaded, and the whole batch sent again, which the
+        idempotent scripts answer as the first time); None when this client cannot pipeline
+        on a kept connection (the caller sends one call at a time). A failure is counted
+        under ``job`` (A5), as :meth:`_eval` counts one."""
+        commands = [(len(keys), *keys, *args) for keys, args in calls]
+        started = perf_counter()
+        try:
+            for _attempt in range(2):
+                replies = self._evalsha_many(self._sha[name], commands)
+                if replies is None:
+                    return None
+                errors = [r for r in replies if isinstance(r, self._reply)]
+                if not any(isinstance(r, self._no_script) for r in errors):
+                    if errors:
+                        raise errors[0]
+                    return replies
+                self._sha[name] = self.client.script_load(getattr(scripts, name))
+            failed: Exception = StoreUnavailable(self.alias,
+                                                 f"{name} answered NOSCRIPT after SCRIPT LOAD")
+        except self._errors as exc:
+            failed = StoreUnavailable(self.alias, exc)
+            failed.__cause__ = exc
+        metrics.call_failed(self.alias, CALLS[name], perf_counter() - started, failed, job)
+        raise failed
+
     def _evalsha(self, sha: str, command: tuple[Any, ...]) -> Any:
         """One EVALSHA on a connection this store keeps between decisions.
 
@@ -243,29 +271,49 @@ class RedisConnection:
         mid-command is never reused. The whole call, a re-send included, takes at most
         ``budget`` seconds: a late reply is a TimeoutError and is never waited for again; a
         lost connection (reset, closed by the server) is re-sent once on a fresh one."""
-        client = self.client
-        pool = self._keeping(client)
+        pool = self._keeping(self.client)
         if pool is None:
             # Sentinel and cluster pools, client-side caching: the plain way
-            return client.execute_command("EVALSHA", sha, *command)
+            return self.client.execute_command("EVALSHA", sha, *command)
+        reply = self._exchange(pool, (_pack(sha, command),))[0]
+        if isinstance(reply, self._reply):
+            raise reply
+        return reply
+
+    def _evalsha_many(self, sha: str, commands: list[tuple[Any, ...]]) -> list[Any] | None:
+        """L3: every command of a batch written at once and the answers read back: one
+        round trip, on a kept connection (None: this client does not keep them, see
+        :meth:`_keeping`). An error reply stands in the list in its command's place."""
+        pool = self._keeping(self.client)
+        if pool is None:
+            return None
+        # one buffer: one write, which the server reads in one go (a tuple would be
+        # written part by part)
+        return self._exchange(pool, (b"".join(_pack(sha, c) for c in commands),),
+                              len(commands))
+
+    def _exchange(self, pool: Any, packed: tuple[bytes, ...], count: int = 1) -> list[Any]:
+        """Write ``packed`` on a kept connection and read ``count`` replies, within the
+        budget (see :meth:`_evalsha`); an error reply is kept in its place."""
         give_up = time.monotonic() + self.budget
-        packed = (_pack(sha, command),)
         resent = False
         while True:
             try:
                 conn = self._idle.pop()
             except IndexError:
                 conn = self._lib.get_connection(pool)
+            replies: list[Any] = []
             try:
                 conn.send_packed_command(packed)
-                left = give_up - time.monotonic()
-                # the socket's own timeout is the budget: no settimeout() system calls,
-                # unless a connect or a first try took part of it
-                reply = self._lib.read_response(
-                    conn, None if left > self.budget - 0.001 else max(0.001, left))
-            except self._reply:
-                self._put_back(pool, conn)  # the server answered: the connection is fine
-                raise
+                while len(replies) < count:
+                    left = give_up - time.monotonic()
+                    # the socket's own timeout is the budget: no settimeout() system calls,
+                    # unless a connect or a first try took part of it
+                    try:
+                        replies.append(self._lib.read_response(
+                            conn, None if left > self.budget - 0.001 else max(0.001, left)))
+                    except self._reply as exc:  # the server answered: read on
+                        replies.append(exc)
             except self._lost:
                 # (a TimeoutError is not a ConnectionError: a late reply is never re-sent)
                 conn.disconnect()
@@ -283,7 +331,7 @@ class RedisConnection:
                 pool.release(conn)
                 raise
             self._put_back(pool, conn)
-            return reply
+            return replies
 
     def _keeping(self, client: Any) -> Any:
         """The pool this store keeps connections of, or None when it should not (a pool kind

@@ -4,6 +4,7 @@ locks. Where a lock is taken: :meth:`RedisStore.acquire`; checked by the worker:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.cache import caches
@@ -20,6 +21,7 @@ from dedup_jobs.stores.base import (
     MISSING,
     OTHER,
     WAIT,
+    AcquireCall,
     Acquired,
     BaseStore,
     Debounced,
@@ -117,6 +119,27 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             # Refused as late, yet answered in time: the server's clock is ahead of ours.
             self.learn_skew(int(answer[1:]))
         raise StoreUnavailable(self.alias, "the server refused the acquire as late twice")
+
+    def acquire_many(self, calls: Sequence[AcquireCall], *, now: float) -> list[Acquired]:
+        """L3: every ACQUIRE of the batch pipelined on one connection (one round trip);
+        a call refused as late (the server's clock ahead of ours) is made again alone."""
+        deadline = self.deadline_ms()
+        replies = self._send_many("ACQUIRE", [
+            (list(self.place(c.key)), (c.owner, _ms(c.ttl), deadline, "0", c.key.task_name,
+                                       c.key.ident, c.request)) for c in calls],
+            calls[0].key.task_name if calls else "?")
+        if replies is None:  # no pipelining on this client (Sentinel, a cluster)
+            return super().acquire_many(calls, now=now)
+        answers = []
+        for call, reply in zip(calls, replies, strict=True):
+            answer = _text(reply)
+            if answer[0] == "L":
+                self.learn_skew(int(answer[1:]))
+                answers.append(self.acquire(call.key, call.owner, call.ttl, now=now,
+                                            request=call.request))
+            else:
+                answers.append(Acquired(acquired=answer[0] == "1", holder=answer[1:]))
+        return answers
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,

@@ -1,0 +1,97 @@
+"""L3, bulk dispatch: ``Job.dispatch_many(calls)``, one ``AsyncResult`` per call, in order.
+
+Where a batch is decided: :func:`dispatch_batch`, for a unique kind whose duplicates return
+the holder's result (``on_duplicate = "return"``, the default): every lock of the batch in
+one store call (``engine/dispatch.py`` ``ask_many``: one round trip on the Redis family),
+then the winners published one after another over one producer connection (kombu publishes
+one message per call; no transport here takes a batch of them). Every other job, and a
+unique job whose duplicates raise, replace or cancel, dispatches the calls one by one, each
+exactly as ``apply_async`` would (:meth:`DedupJob.dispatch_many`).
+
+What a failure leaves (S7, U6): a store that cannot answer for the batch raises before
+anything is published, and every request of the batch is undone (a lost reply may have
+taken some locks); a publish that fails releases its own lock and the locks of the winners
+not yet published, then raises. Calling ``dispatch_many`` again with the same calls is then
+safe: what was published is a duplicate now.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.result import AsyncResult
+
+from dedup_jobs import clock, metrics
+from dedup_jobs.conf import app_settings
+from dedup_jobs.engine.dispatch import Dispatch, Dispatched, ask_many
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.jobs.base import logger, message_wait, new_task_id
+from dedup_jobs.jobs.calls import Call
+from dedup_jobs.jobs.undo import undo_lock
+from dedup_jobs.signals import lock_acquired, notify
+
+
+def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list[AsyncResult[Any]]:
+    """The batch of a unique kind (see the module docstring); one by one when its duplicates
+    do not simply return the holder's result, or in eager mode (each runs at once)."""
+    if job.on_duplicate != "return" or job.app.conf.task_always_eager:
+        return [job.apply_async(args, kwargs, **options) for args, kwargs in calls]
+    alias = job.store_alias()
+    store = job.store(alias)
+    now = clock.now()
+    wait = message_wait(options, now)
+    dispatches = []
+    for args, kwargs in calls:  # every key first: a bad argument raises before any lock
+        dispatches.append(Dispatch(key=job.job_key(args, kwargs, store), task_id=new_task_id(),
+                                   ttl=job.lock_ttl(args, kwargs) + wait, generated=True,
+                                   replace=False))
+    try:
+        answers = ask_many(dispatches, store, now=now)
+    except StoreUnavailable:
+        if app_settings.ON_STORE_ERROR != "enqueue":
+            for d in dispatches:  # S7: any of the calls may have run (a lost reply)
+                undo_lock(job, store, d.key, d.task_id, d.ttl, request=d.request)
+            raise
+        logger.warning("%s: store %r unavailable, publishing a batch of %d without locks "
+                       "(ON_STORE_ERROR='enqueue').", job.name, alias, len(calls),
+                       exc_info=True)
+        answers = [Dispatched(publish=True, holder=d.task_id) for d in dispatches]
+        return _publish(job, calls, dispatches, answers, alias, options, store=None)
+    return _publish(job, calls, dispatches, answers, alias, options, store=store)
+
+
+def _publish(job: Any, calls: list[Call], dispatches: list[Dispatch],
+             answers: list[Dispatched], alias: str, options: dict[str, Any],
+             store: Any) -> list[AsyncResult[Any]]:
+    """Publish the winners in order over one producer; a duplicate gets what a single
+    dispatch of it would (the holder's result). ``store`` None: no lock was taken."""
+    results: list[AsyncResult[Any]] = []
+    with job.app.producer_or_acquire(options.get("producer")) as producer:
+        sent = {**options, "producer": producer}
+        decided = zip(calls, dispatches, answers, strict=True)
+        for index, ((args, kwargs), d, answer) in enumerate(decided):
+            if not answer.publish:
+                results.append(job._duplicate(d.key, alias, answer.holder, d.task_id, args,
+                                              kwargs, options))
+                continue
+            try:
+                result = job._publish(args, kwargs, d.task_id, d.key, alias, sent)
+            except BaseException:
+                if store is not None:  # U6: no lock without its message
+                    _release(job, store, [(d2, a2) for d2, a2 in zip(
+                        dispatches[index:], answers[index:], strict=True) if a2.publish])
+                raise
+            if store is not None:
+                notify(lock_acquired, type(job), key=d.key.key, owner=d.task_id, store=alias)
+            metrics.decision(job.name, "dispatched")
+            result.deduplicated = False
+            results.append(result)
+    return results
+
+
+def _release(job: Any, store: Any, unpublished: list[tuple[Dispatch, Dispatched]]) -> None:
+    for d, _answer in unpublished:
+        try:
+            store.release(d.key, d.task_id)
+        except StoreUnavailable:
+            undo_lock(job, store, d.key, d.task_id, d.ttl, request=d.request)

@@ -1,0 +1,129 @@
+"""L3, bulk dispatch: ``Job.dispatch_many(calls)`` decides a unique kind's batch in one store
+call (one round trip on the Redis family, counted on the server), publishes the winners, and
+returns one ``AsyncResult`` per call, in order, as single dispatches would; bad input raises
+before anything is dispatched; a publish that fails leaves no lock without its message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery.app.task import Task
+from django.test import override_settings
+
+from dedup_jobs import clock
+from dedup_jobs.stores import get_store
+from dedup_jobs.stores.base import AcquireCall, BaseStore
+from tests import jobs, jobs_debounce
+from tests.conftest import ALL_STORE_PARAMS, store_fixture
+from tests.workers import thread_worker
+
+store_name = store_fixture(ALL_STORE_PARAMS)
+
+
+def _store(store_name: str) -> BaseStore:
+    return get_store("database" if store_name.startswith("database") else store_name)
+
+
+def test_acquire_many_answers_as_acquires_in_order_would(store_name: str) -> None:
+    """Every store: a free key is taken, a key held by another owner names it, a key taken
+    earlier in the same batch is a duplicate of that call; a re-sent batch (the same
+    requests) answers the same (S7)."""
+    store = _store(store_name)
+    held, free, twice = (jobs.unique_sleep.job_key((n,), {}) for n in (71, 72, 73))
+    assert store.acquire(held, "holder", 60, now=clock.now(), request="r-h").acquired
+    calls = [AcquireCall(key=k, owner=o, ttl=60, request=o)
+             for k, o in ((held, "a"), (free, "b"), (twice, "c"), (twice, "d"))]
+    for _attempt in range(2):
+        answers = store.acquire_many(calls, now=clock.now())
+        assert [(a.acquired, a.holder) for a in answers] == [
+            (False, "holder"), (True, "b"), (True, "c"), (False, "c")]
+    assert [store.get(k).owner for k in (held, free, twice)] == ["holder", "b", "c"]  # type: ignore[union-attr]
+
+
+def _reads(client: Any) -> int:
+    return int(client.info("stats")["total_reads_processed"])
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_a_batch_is_one_round_trip_on_redis(redis_client: Any) -> None:
+    """Section 8 (L3), counted on the server: 20 decisions, 20 EVALSHAs, read by the server
+    from its socket in one go (``total_reads_processed``; the INFO that reads the count is
+    the one other read)."""
+    store = get_store("redis")
+    calls = [AcquireCall(key=jobs.unique_sleep.job_key((n,), {}), owner=f"o{n}", ttl=60,
+                         request=f"o{n}") for n in range(20)]
+    store.acquire_many(calls[:1], now=clock.now())  # the connection and the script warm
+    before = _reads(redis_client)
+    answers = store.acquire_many(calls[1:], now=clock.now())
+    reads = _reads(redis_client) - before - 1
+    assert [a.acquired for a in answers] == [True] * 19
+    assert reads == 1, f"19 decisions took {reads} reads on the server"
+
+
+@pytest.mark.redis
+def test_dispatch_many_returns_one_result_per_call_in_order(app: Any) -> None:
+    """Winners are published and run once each; a call of a key held before, or taken by an
+    earlier call of the batch, returns the holder's result, deduplicated."""
+    holder = jobs.unique_add.delay(5)
+    results = jobs.unique_add.dispatch_many([((1,), {}), ((2,), {"b": 1}), ((1,), {"b": 9}),
+                                             ([5], None), ((3,), {})])
+    assert [r.deduplicated for r in results] == [False, False, True, True, False]
+    assert results[2].id == results[0].id and results[3].id == holder.id
+    with thread_worker(app):
+        assert [r.get(timeout=30) for r in results] == [1, 3, 1, 5, 3]
+    assert sorted(jobs.runs("unique_add")) == ["(1, 0)", "(2, 1)", "(3, 0)", "(5, 0)"]
+
+
+def test_bad_calls_raise_before_anything_is_dispatched(store_name: str) -> None:
+    """A call that is not an (args, kwargs) pair, or an option that names one message,
+    raises a TypeError naming it; no lock of the batch is left."""
+    with pytest.raises(TypeError, match=r"call 1 is 7; each call is a pair \(args, kwargs\)"):
+        jobs.unique_add.dispatch_many([((61,), {}), 7])
+    with pytest.raises(TypeError, match="task_id name one message"):
+        jobs.unique_add.dispatch_many([((62,), {})], task_id="mine")
+    store = _store(store_name)
+    assert store.get(jobs.unique_add.job_key((61,), {})) is None
+    assert store.get(jobs.unique_add.job_key((62,), {})) is None
+
+
+def test_a_failed_publish_leaves_no_lock_without_its_message(
+    store_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """U6: the broker refuses the second winner: its lock and the third's are released (the
+    first stays, its message is queued), and the error is raised; the same batch dispatched
+    again then publishes the two that were not."""
+    publish = Task.apply_async
+    sent: list[Any] = []
+
+    def flaky(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(sent) == 1:
+            sent.append("refused")
+            raise ConnectionError("broker refused the message")
+        result = publish(self, *args, **kwargs)
+        sent.append(result.id)
+        return result
+
+    monkeypatch.setattr(Task, "apply_async", flaky)
+    calls = [((n,), {}) for n in (81, 82, 83)]
+    with pytest.raises(ConnectionError, match="broker refused"):
+        jobs.unique_add.dispatch_many(calls)
+    store = _store(store_name)
+    owners = [getattr(store.get(jobs.unique_add.job_key((n,), {})), "owner", None)
+              for n in (81, 82, 83)]
+    assert owners == [sent[0], None, None]
+    again = jobs.unique_add.dispatch_many(calls)
+    assert [r.deduplicated for r in again] == [True, False, False]
+    assert again[0].id == sent[0]
+
+
+@pytest.mark.redis
+def test_other_kinds_dispatch_a_batch_call_by_call(app: Any) -> None:
+    """A DebouncedJob's batch is its dispatches one by one: one burst, the last arguments."""
+    results = jobs_debounce.debounce_record.dispatch_many(
+        [((4,), {"value": v}) for v in (1, 2, 3)])
+    assert len({r.id for r in results}) == 3
+    with thread_worker(app):
+        assert results[-1].get(timeout=30) == 3
+    assert jobs_debounce.values("record") == [[4, 3]]
