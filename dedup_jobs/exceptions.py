@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 
 
@@ -16,6 +18,8 @@ class StoreUnavailable(DedupError):
     def __init__(self, store: str, error: BaseException | str) -> None:
         self.store = store
         self.error = error
+        #: L3: the answers a batch's calls got before this failure (the first ones, in order)
+        self.answered: list[Any] = []
         # the class names what the client library parsed off the reply (ReadOnlyError for
         # READONLY, MovedError for MOVED, BusyLoadingError for LOADING)
         said = error if isinstance(error, str) else f"{type(error).__name__}: {error}"

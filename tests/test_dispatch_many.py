@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kombu
 import pytest
 from celery.app.task import Task
 from django.test import override_settings
@@ -60,6 +61,23 @@ def test_a_batch_is_one_round_trip_on_redis(redis_client: Any) -> None:
     reads = _reads(redis_client) - before - 1
     assert [a.acquired for a in answers] == [True] * 19
     assert reads == 1, f"19 decisions took {reads} reads on the server"
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_dispatch_many_takes_a_batchs_locks_in_one_round_trip(redis_client: Any) -> None:
+    """The job's batch, counted on the server: its messages go to an in-memory broker and
+    no result is kept (the Redis result backend subscribes to each id it publishes), so
+    what the Redis server reads is the store's: one read for the batch's 19 locks."""
+    with kombu.Connection("memory://") as memory:
+        jobs.unique_add.dispatch_many([((0,), {})], connection=memory,
+                                      ignore_result=True)  # the connections and script warm
+        before = _reads(redis_client)
+        results = jobs.unique_add.dispatch_many([((n,), {}) for n in range(1, 20)],
+                                                connection=memory, ignore_result=True)
+        reads = _reads(redis_client) - before - 1
+    assert [r.deduplicated for r in results] == [False] * 19
+    assert reads == 1, f"19 dispatches took {reads} reads on the store's server"
 
 
 @pytest.mark.redis

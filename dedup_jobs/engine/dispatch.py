@@ -25,6 +25,8 @@ class Dispatched:
     holder: str  # the owner holding the lock now (the caller's own id when publish)
     replaced: str | None = None  # R1: the queued holder the caller took the lock over from
     cancelled: str | None = None  # L2: the running copy the caller asked to stop
+    #: False: published without a lock (the store could not answer, ON_STORE_ERROR="enqueue")
+    locked: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,9 +81,10 @@ def ask_many(dispatches: Sequence[Dispatch], store: BaseStore, *, now: float) ->
     in one store call, ``store.acquire_many`` (one round trip where the store can), answered
     in order; a later dispatch of a key an earlier one took is its duplicate. StoreUnavailable
     as :meth:`Dispatch.ask`, for the whole batch: the caller undoes every request of it."""
-    many = getattr(store, "acquire_many", None)  # a plugged store may lack it: one by one
     calls = [AcquireCall(key=d.key, owner=d.task_id, ttl=d.ttl, request=d.request)
              for d in dispatches]
-    answers = (many(calls, now=now) if many is not None else
-               [store.acquire(c.key, c.owner, c.ttl, now=now, request=c.request) for c in calls])
+    # a plugged store that is no BaseStore may lack acquire_many: BaseStore's, one by one
+    many = getattr(store, "acquire_many", None)
+    answers = (many(calls, now=now) if many is not None
+               else BaseStore.acquire_many(store, calls, now=now))
     return [d.read(a) for d, a in zip(dispatches, answers, strict=True)]

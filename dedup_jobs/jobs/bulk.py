@@ -11,7 +11,8 @@ exactly as ``apply_async`` would (:meth:`DedupJob.dispatch_many`).
 What a failure leaves (S7, U6): a store that cannot answer for the batch raises before
 anything is published, and every request of the batch is undone (a lost reply may have
 taken some locks); a publish that fails releases its own lock and the locks of the winners
-not yet published, then raises. Calling ``dispatch_many`` again with the same calls is then
+not yet published (their ids marked REVOKED: a caller deduplicated onto one meanwhile gets
+an answer), then raises. Calling ``dispatch_many`` again with the same calls is then
 safe: what was published is a duplicate now.
 """
 
@@ -27,7 +28,7 @@ from dedup_jobs.engine.dispatch import Dispatch, Dispatched, ask_many
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, message_wait, new_task_id
 from dedup_jobs.jobs.calls import Call
-from dedup_jobs.jobs.undo import undo_lock
+from dedup_jobs.jobs.undo import release_unpublished, undo_lock
 from dedup_jobs.signals import lock_acquired, notify
 
 
@@ -47,51 +48,48 @@ def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list
                                    replace=False))
     try:
         answers = ask_many(dispatches, store, now=now)
-    except StoreUnavailable:
+    except StoreUnavailable as exc:
         if app_settings.ON_STORE_ERROR != "enqueue":
             for d in dispatches:  # S7: any of the calls may have run (a lost reply)
                 undo_lock(job, store, d.key, d.task_id, d.ttl, request=d.request)
             raise
-        logger.warning("%s: store %r unavailable, publishing a batch of %d without locks "
-                       "(ON_STORE_ERROR='enqueue').", job.name, alias, len(calls),
-                       exc_info=True)
-        answers = [Dispatched(publish=True, holder=d.task_id) for d in dispatches]
-        return _publish(job, calls, dispatches, answers, alias, options, store=None)
-    return _publish(job, calls, dispatches, answers, alias, options, store=store)
+        # The calls answered before the failure keep their answers (a duplicate stays one);
+        # the rest are published without a lock, each under the id its call may have
+        # locked with (a lost reply): that lock is then its own message's.
+        got = len(exc.answered)
+        logger.warning("%s: store %r unavailable, publishing %d of a batch of %d without "
+                       "locks (ON_STORE_ERROR='enqueue').", job.name, alias,
+                       len(calls) - got, len(calls), exc_info=True)
+        answers = [d.read(a) for d, a in zip(dispatches, exc.answered, strict=False)] + [
+            Dispatched(publish=True, holder=d.task_id, locked=False) for d in dispatches[got:]]
+    return _publish(job, calls, dispatches, answers, alias, options, store)
 
 
 def _publish(job: Any, calls: list[Call], dispatches: list[Dispatch],
              answers: list[Dispatched], alias: str, options: dict[str, Any],
              store: Any) -> list[AsyncResult[Any]]:
     """Publish the winners in order over one producer; a duplicate gets what a single
-    dispatch of it would (the holder's result). ``store`` None: no lock was taken."""
+    dispatch of it would (the holder's result; published too when observe-only, R3)."""
     results: list[AsyncResult[Any]] = []
     with job.app.producer_or_acquire(options.get("producer")) as producer:
         sent = {**options, "producer": producer}
         decided = zip(calls, dispatches, answers, strict=True)
         for index, ((args, kwargs), d, answer) in enumerate(decided):
-            if not answer.publish:
-                results.append(job._duplicate(d.key, alias, answer.holder, d.task_id, args,
-                                              kwargs, options))
-                continue
             try:
+                if not answer.publish:
+                    results.append(job._duplicate(d.key, alias, answer.holder, d.task_id,
+                                                  args, kwargs, sent))
+                    continue
                 result = job._publish(args, kwargs, d.task_id, d.key, alias, sent)
             except BaseException:
-                if store is not None:  # U6: no lock without its message
-                    _release(job, store, [(d2, a2) for d2, a2 in zip(
-                        dispatches[index:], answers[index:], strict=True) if a2.publish])
+                # U6: no lock without its message, this call's nor a later winner's
+                for later, taken in zip(dispatches[index:], answers[index:], strict=True):
+                    if taken.publish and taken.locked:
+                        release_unpublished(job, store, later)
                 raise
-            if store is not None:
+            if answer.locked:
                 notify(lock_acquired, type(job), key=d.key.key, owner=d.task_id, store=alias)
             metrics.decision(job.name, "dispatched")
             result.deduplicated = False
             results.append(result)
     return results
-
-
-def _release(job: Any, store: Any, unpublished: list[tuple[Dispatch, Dispatched]]) -> None:
-    for d, _answer in unpublished:
-        try:
-            store.release(d.key, d.task_id)
-        except StoreUnavailable:
-            undo_lock(job, store, d.key, d.task_id, d.ttl, request=d.request)

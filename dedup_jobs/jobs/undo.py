@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.engine.rollback import rollbacks
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import BaseStore, running_key
 
@@ -39,3 +41,23 @@ def undo_lock(
 
     rollbacks.add(f"lock {key.key} of never-published task {owner}", undo, store=store,
                   lifetime=ttl, give_up=revoke if generated else None)
+
+
+def release_unpublished(job: Any, store: BaseStore, dispatch: Dispatch) -> None:
+    """U6: the publish of ``dispatch`` failed after its lock was taken: the lock is released
+    (a replaced holder stays revoked, R1; L2: the request to stop is withdrawn) and the id,
+    never published, is marked REVOKED as :func:`undo_lock` marks one, so that a caller
+    deduplicated onto it meanwhile gets an answer. If the store cannot answer now, the
+    rollback thread does both (:func:`undo_lock`)."""
+    key, owner = dispatch.key, dispatch.task_id
+    try:
+        released = store.release(key, owner)
+        if dispatch.cancel:  # the request to stop withdrawn (nothing else to undo)
+            store.undo_cancel(key, running_key(key), owner, dispatch.request)
+    except StoreUnavailable:
+        undo_lock(job, store, key, owner, dispatch.ttl, request=dispatch.request,
+                  generated=dispatch.generated, cancel=dispatch.cancel)
+        return
+    if (released or dispatch.generated) and not job.ignore_result:
+        job.backend.mark_as_revoked(owner, reason="never published: the broker refused its "
+                                                  "message")

@@ -42,7 +42,7 @@ from dedup_jobs.jobs.cancel import (
     runs_exclusive,
 )
 from dedup_jobs.jobs.replace import replaced_by
-from dedup_jobs.jobs.undo import undo_lock
+from dedup_jobs.jobs.undo import release_unpublished, undo_lock
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     lock_acquired,
@@ -199,13 +199,7 @@ class UniqueJob(DedupJob):
             result = self._publish(args, kwargs, task_id, key, alias, options)
         except BaseException:
             # U6: never a lock with nothing queued (L2: nor a run stopped for nothing).
-            try:
-                store.release(key, task_id)  # a replaced holder stays revoked (R1)
-                if dispatch.cancel:  # the request to stop withdrawn (nothing else to undo)
-                    store.undo_cancel(key, running_key(key), task_id, dispatch.request)
-            except StoreUnavailable:
-                undo_lock(self, store, key, task_id, ttl, request=dispatch.request,
-                          generated=generated, cancel=dispatch.cancel)
+            release_unpublished(self, store, dispatch)
             raise
         if answer.cancelled:
             cancelled_by(self, key, answer.cancelled, task_id)

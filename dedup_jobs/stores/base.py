@@ -161,8 +161,17 @@ class BaseStore(ABC):
         the store can (the Redis family on one server: one pipelined write of every EVALSHA,
         one read of the answers), else one call each (this default). A later call of a key
         an earlier one took is a duplicate of it. StoreUnavailable when any answer is missing
-        (never sent, lost, late): the caller undoes every request of the batch (S7)."""
-        return [self.acquire(c.key, c.owner, c.ttl, now=now, request=c.request) for c in calls]
+        (never sent, lost, late), its ``answered`` the answers of the calls before it (none
+        from a pipelined batch): the caller undoes every request of the batch (S7), or, to
+        publish without locks, keeps the answers it got."""
+        answers: list[Acquired] = []
+        for c in calls:
+            try:
+                answers.append(self.acquire(c.key, c.owner, c.ttl, now=now, request=c.request))
+            except StoreUnavailable as exc:
+                exc.answered = answers  # the calls before it were answered
+                raise
+        return answers
 
     def undo(self, key: JobKey, owner: str, request: str | None) -> bool:
         """S7: undo what the dispatch ``request`` of ``owner`` may have done before it failed

@@ -54,6 +54,7 @@ CONTRACT_MODULES = (
     "tests.test_debounce_stale",
     "tests.test_flow_store",
     "tests.test_cancel_store",
+    "tests.test_dispatch_many",
     "tests.test_idempotent",
     "tests.test_idempotent_stores",
     "tests.test_start_fates",

@@ -210,14 +210,16 @@ class RedisConnection:
         except StoreUnavailable as exc:
             metrics.call_failed(self.alias, CALLS[name], perf_counter() - started, exc, job)
             raise
-        seconds = perf_counter() - started
+        self._timed(name, perf_counter() - started)
+        return answer
+
+    def _timed(self, name: str, seconds: float) -> None:
         queue = self._timings.get(name)
         if queue is None:
             queue = self._timings[name] = metrics.tally.timing(self.alias, CALLS[name])
         queue.append(seconds)
         if len(queue) > FOLD_AT:
             metrics.tally.fold()
-        return answer
 
     def _send(self, name: str, keys: list[str], args: Any) -> Any:
         """EVALSHA by the digest computed at import, loading the script only if the server
@@ -240,7 +242,7 @@ class RedisConnection:
         on a kept connection (the caller sends one call at a time). A failure is counted
         under ``job`` (A5), as :meth:`_eval` counts one."""
         commands = [(len(keys), *keys, *args) for keys, args in calls]
-        started = perf_counter()
+        timed, started = app_settings.raw.get("METRICS", True), perf_counter()
         try:
             for _attempt in range(2):
                 replies = self._evalsha_many(self._sha[name], commands)
@@ -250,6 +252,8 @@ class RedisConnection:
                 if not any(isinstance(r, self._no_script) for r in errors):
                     if errors:
                         raise errors[0]
+                    if timed:
+                        self._timed(name, perf_counter() - started)  # one call: the batch
                     return replies
                 self._sha[name] = self.client.script_load(getattr(scripts, name))
             failed: Exception = StoreUnavailable(self.alias,
@@ -257,7 +261,8 @@ class RedisConnection:
         except self._errors as exc:
             failed = StoreUnavailable(self.alias, exc)
             failed.__cause__ = exc
-        metrics.call_failed(self.alias, CALLS[name], perf_counter() - started, failed, job)
+        if timed:
+            metrics.call_failed(self.alias, CALLS[name], perf_counter() - started, failed, job)
         raise failed
 
     def _evalsha(self, sha: str, command: tuple[Any, ...]) -> Any:

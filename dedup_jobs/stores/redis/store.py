@@ -135,8 +135,12 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             answer = _text(reply)
             if answer[0] == "L":
                 self.learn_skew(int(answer[1:]))
-                answers.append(self.acquire(call.key, call.owner, call.ttl, now=now,
-                                            request=call.request))
+                try:
+                    answers.append(self.acquire(call.key, call.owner, call.ttl, now=now,
+                                                request=call.request))
+                except StoreUnavailable as exc:
+                    exc.answered = answers
+                    raise
             else:
                 answers.append(Acquired(acquired=answer[0] == "1", holder=answer[1:]))
         return answers
