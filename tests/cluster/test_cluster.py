@@ -18,7 +18,7 @@ from dedup_jobs import clock
 from dedup_jobs.exceptions import InvalidJobConfiguration
 from dedup_jobs.keys import build_key
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.base import encode_call
+from dedup_jobs.stores.base import AcquireCall, encode_call
 from dedup_jobs.stores.redis.cluster import TAGS, RedisClusterStore, key_slot
 from tests import jobs
 from tests.admin_helpers import PASSWORD, make_user
@@ -205,6 +205,23 @@ def test_each_decision_is_one_evalsha_on_the_cluster(store_name: str,
     assert seen == {"cmdstat_evalsha": 60, "cmdstat_hget": 60, "cmdstat_time": 30,
                     "cmdstat_hset": 30, "cmdstat_pexpire": 30, "cmdstat_zadd": 30}
     assert trims <= 30
+
+
+def test_a_batch_is_one_round_trip_per_primary(store_name: str, any_cluster: Cluster) -> None:
+    """L3 on S5: a batch of 30 locks spread over every primary (``acquire_many``) is one read
+    on each primary that holds a share of it, counted by the server
+    (``total_reads_processed``; less the INFO that reads it), and answers in order."""
+    store = get_store(store_name)
+    calls = [AcquireCall(key=build_key("unique", TASK, f"batch={n}"), owner=f"o{n}", ttl=60,
+                         request=f"o{n}") for n in range(60)]
+    store.acquire_many(calls[:30], now=clock.now())  # the scripts loaded on every primary
+    primaries = any_cluster.primaries()
+    before = [int(p.client.info("stats")["total_reads_processed"]) for p in primaries]
+    answers = store.acquire_many(calls[30:], now=clock.now())
+    reads = [int(p.client.info("stats")["total_reads_processed"]) - b - 1
+             for p, b in zip(primaries, before, strict=True)]
+    assert [a.acquired for a in answers] == [True] * 30
+    assert reads == [1] * len(primaries), f"reads per primary: {reads}"
 
 
 def test_operators_index_trim_reaches_every_shard(store_name: str) -> None:

@@ -195,6 +195,27 @@ class RedisClusterStore(RedisStore):
         except self._errors as exc:
             raise StoreUnavailable(self.alias, exc) from exc
 
+    def _send_many(self, name: str, calls: list[tuple[list[str], tuple[Any, ...]]],
+                   job: str = "?") -> list[Any] | None:
+        """L3: a batch through the cluster client's pipeline, which writes each primary's
+        share of the EVALSHAs at once and then reads the answers: one round trip per slot
+        group's primary. A NOSCRIPT answer is sent again alone as EVAL (which loads it)."""
+        try:
+            pipe = self.client.pipeline()
+            for keys, args in calls:
+                pipe.execute_command("EVALSHA", self._sha[name], len(keys), *keys, *args)
+            replies = list(pipe.execute(raise_on_error=False))
+            for index, reply in enumerate(replies):
+                if isinstance(reply, self._no_script):
+                    keys, args = calls[index]
+                    replies[index] = self.client.execute_command(
+                        "EVAL", getattr(scripts, name), len(keys), *keys, *args)
+                elif isinstance(reply, BaseException):
+                    raise reply
+            return replies
+        except self._errors as exc:
+            raise StoreUnavailable(self.alias, exc) from exc
+
     def close(self) -> None:
         self._closed = True
         if self._client is not None:
