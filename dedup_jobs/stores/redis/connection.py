@@ -287,11 +287,15 @@ class RedisConnection:
 
     def _evalsha_many(self, sha: str, commands: list[tuple[Any, ...]]) -> list[Any] | None:
         """L3: every command of a batch written at once and the answers read back: one
-        round trip, on a kept connection (None: this client does not keep them, see
-        :meth:`_keeping`). An error reply stands in the list in its command's place."""
+        round trip, on a kept connection, or through the client's own pipeline where the
+        store keeps none (Sentinel pools, client-side caching; see :meth:`_keeping`). An
+        error reply stands in the list in its command's place."""
         pool = self._keeping(self.client)
         if pool is None:
-            return None
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command("EVALSHA", sha, *command)
+            return list(pipe.execute(raise_on_error=False))
         # one buffer: one write, which the server reads in one go (a tuple would be
         # written part by part)
         return self._exchange(pool, (b"".join(_pack(sha, c) for c in commands),),
