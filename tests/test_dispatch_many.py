@@ -47,19 +47,35 @@ def _reads(client: Any) -> int:
     return int(client.info("stats")["total_reads_processed"])
 
 
+def _fewest_reads(client: Any, batch: Any, tries: int = 3) -> tuple[int, list[Any]]:
+    """The fewest reads the server made for ``batch(n)`` over ``tries`` tries (less the
+    INFO that reads the count), and the answers of the last: another thread of this process
+    (a lease, the rollback thread, a worker left from an earlier test) can only add reads,
+    never take one away, so the fewest is the batch's own."""
+    fewest, answers = None, []
+    for n in range(tries):
+        before = _reads(client)
+        answers = list(batch(n))
+        reads = _reads(client) - before - 1
+        fewest = reads if fewest is None else min(fewest, reads)
+    assert fewest is not None
+    return fewest, answers
+
+
+def _calls(tag: str, count: int = 19) -> list[AcquireCall]:
+    return [AcquireCall(key=jobs.unique_sleep.job_key((f"{tag}-{n}",), {}), owner=f"{tag}{n}",
+                        ttl=60, request=f"{tag}{n}") for n in range(count)]
+
+
 @pytest.mark.redis
 @override_settings(DEDUP_JOBS={"STORE": "redis"})
 def test_a_batch_is_one_round_trip_on_redis(redis_client: Any) -> None:
-    """Section 8 (L3), counted on the server: 20 decisions, 20 EVALSHAs, read by the server
-    from its socket in one go (``total_reads_processed``; the INFO that reads the count is
-    the one other read)."""
+    """Section 8 (L3), counted on the server: 19 decisions, 19 EVALSHAs, read by the server
+    from its socket in one go (``total_reads_processed``)."""
     store = get_store("redis")
-    calls = [AcquireCall(key=jobs.unique_sleep.job_key((n,), {}), owner=f"o{n}", ttl=60,
-                         request=f"o{n}") for n in range(20)]
-    store.acquire_many(calls[:1], now=clock.now())  # the connection and the script warm
-    before = _reads(redis_client)
-    answers = store.acquire_many(calls[1:], now=clock.now())
-    reads = _reads(redis_client) - before - 1
+    store.acquire_many(_calls("warm", 1), now=clock.now())  # the connection and script warm
+    reads, answers = _fewest_reads(redis_client, lambda n: store.acquire_many(
+        _calls(f"r{n}"), now=clock.now()))
     assert [a.acquired for a in answers] == [True] * 19
     assert reads == 1, f"19 decisions took {reads} reads on the server"
 
@@ -73,13 +89,9 @@ def test_a_batch_is_one_round_trip_through_sentinel(sentinel_store: Any) -> None
     with override_settings(CACHES={**settings.CACHES, "sentinel": cache},
                            DEDUP_JOBS={**settings.DEDUP_JOBS, "STORE": "sentinel"}):
         store = get_store("sentinel")
-        calls = [AcquireCall(key=jobs.unique_sleep.job_key((f"s{n}",), {}), owner=f"s{n}",
-                             ttl=60, request=f"s{n}") for n in range(20)]
-        store.acquire_many(calls[:1], now=clock.now())  # the connection and the script warm
-        primary = setup.primary_server.client
-        before = _reads(primary)
-        answers = store.acquire_many(calls[1:], now=clock.now())
-        reads = _reads(primary) - before - 1
+        store.acquire_many(_calls("warm", 1), now=clock.now())  # the connection, the script
+        reads, answers = _fewest_reads(setup.primary_server.client, lambda n: (
+            store.acquire_many(_calls(f"s{n}"), now=clock.now())))
     assert [a.acquired for a in answers] == [True] * 19
     assert reads <= 2, f"19 decisions took {reads} reads on the primary"
 
@@ -93,10 +105,9 @@ def test_dispatch_many_takes_a_batchs_locks_in_one_round_trip(redis_client: Any)
     with kombu.Connection("memory://") as memory:
         jobs.unique_add.dispatch_many([((0,), {})], connection=memory,
                                       ignore_result=True)  # the connections and script warm
-        before = _reads(redis_client)
-        results = jobs.unique_add.dispatch_many([((n,), {}) for n in range(1, 20)],
-                                                connection=memory, ignore_result=True)
-        reads = _reads(redis_client) - before - 1
+        reads, results = _fewest_reads(redis_client, lambda n: jobs.unique_add.dispatch_many(
+            [((100 * (n + 1) + k,), {}) for k in range(19)], connection=memory,
+            ignore_result=True))
     assert [r.deduplicated for r in results] == [False] * 19
     assert reads == 1, f"19 dispatches took {reads} reads on the store's server"
 

@@ -210,18 +210,26 @@ def test_each_decision_is_one_evalsha_on_the_cluster(store_name: str,
 def test_a_batch_is_one_round_trip_per_primary(store_name: str, any_cluster: Cluster) -> None:
     """L3 on S5: a batch of 30 locks spread over every primary (``acquire_many``) is one read
     on each primary that holds a share of it, counted by the server
-    (``total_reads_processed``; less the INFO that reads it), and answers in order."""
+    (``total_reads_processed``; less the INFO that reads it), and answers in order. The
+    fewest of 3 tries per primary: a replica's REPLCONF ACK (once a second) can only add a
+    read, never take one away."""
     store = get_store(store_name)
-    calls = [AcquireCall(key=build_key("unique", TASK, f"batch={n}"), owner=f"o{n}", ttl=60,
-                         request=f"o{n}") for n in range(60)]
-    store.acquire_many(calls[:30], now=clock.now())  # the scripts loaded on every primary
+
+    def calls(tag: str) -> list[AcquireCall]:
+        return [AcquireCall(key=build_key("unique", TASK, f"{tag}={n}"), owner=f"{tag}{n}",
+                            ttl=60, request=f"{tag}{n}") for n in range(30)]
+
+    store.acquire_many(calls("warm"), now=clock.now())  # the scripts loaded on every primary
     primaries = any_cluster.primaries()
-    before = [int(p.client.info("stats")["total_reads_processed"]) for p in primaries]
-    answers = store.acquire_many(calls[30:], now=clock.now())
-    reads = [int(p.client.info("stats")["total_reads_processed"]) - b - 1
-             for p, b in zip(primaries, before, strict=True)]
-    assert [a.acquired for a in answers] == [True] * 30
-    assert reads == [1] * len(primaries), f"reads per primary: {reads}"
+    fewest: list[int] = []
+    for attempt in range(3):
+        before = [int(p.client.info("stats")["total_reads_processed"]) for p in primaries]
+        answers = store.acquire_many(calls(f"batch{attempt}"), now=clock.now())
+        assert [a.acquired for a in answers] == [True] * 30
+        reads = [int(p.client.info("stats")["total_reads_processed"]) - b - 1
+                 for p, b in zip(primaries, before, strict=True)]
+        fewest = reads if not fewest else [min(a, b) for a, b in zip(fewest, reads, strict=True)]
+    assert fewest == [1] * len(primaries), f"reads per primary: {fewest}"
 
 
 def test_operators_index_trim_reaches_every_shard(store_name: str) -> None:
