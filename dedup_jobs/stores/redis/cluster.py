@@ -196,7 +196,7 @@ class RedisClusterStore(RedisStore):
             raise StoreUnavailable(self.alias, exc) from exc
 
     def _send_many(self, name: str, calls: list[tuple[list[str], tuple[Any, ...]]],
-                   job: str = "?") -> list[Any] | None:
+                   job: str = "?") -> list[Any]:
         """L3: a batch through the cluster client's pipeline, which writes each primary's
         share of the EVALSHAs at once and then reads the answers: one round trip per slot
         group's primary. A NOSCRIPT answer is sent again alone as EVAL (which loads it)."""

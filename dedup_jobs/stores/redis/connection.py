@@ -235,19 +235,16 @@ class RedisConnection:
             raise StoreUnavailable(self.alias, exc) from exc
 
     def _send_many(self, name: str, calls: list[tuple[list[str], tuple[Any, ...]]],
-                   job: str = "?") -> list[Any] | None:
+                   job: str = "?") -> list[Any]:
         """L3: script ``name`` for each ``(keys, args)`` of a batch in one round trip, as
         :meth:`_send` (NOSCRIPT: loaded, and the whole batch sent again, which the
-        idempotent scripts answer as the first time); None when this client cannot pipeline
-        on a kept connection (the caller sends one call at a time). A failure is counted
-        under ``job`` (A5), as :meth:`_eval` counts one."""
+        idempotent scripts answer as the first time). A failure is counted under ``job``
+        (A5), as :meth:`_eval` counts one."""
         commands = [(len(keys), *keys, *args) for keys, args in calls]
         timed, started = app_settings.raw.get("METRICS", True), perf_counter()
         try:
             for _attempt in range(2):
                 replies = self._evalsha_many(self._sha[name], commands)
-                if replies is None:
-                    return None
                 errors = [r for r in replies if isinstance(r, self._reply)]
                 if not any(isinstance(r, self._no_script) for r in errors):
                     if errors:
@@ -285,7 +282,7 @@ class RedisConnection:
             raise reply
         return reply
 
-    def _evalsha_many(self, sha: str, commands: list[tuple[Any, ...]]) -> list[Any] | None:
+    def _evalsha_many(self, sha: str, commands: list[tuple[Any, ...]]) -> list[Any]:
         """L3: every command of a batch written at once and the answers read back: one
         round trip, on a kept connection, or through the client's own pipeline where the
         store keeps none (Sentinel pools, client-side caching; see :meth:`_keeping`). An

@@ -128,8 +128,6 @@ class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
             (list(self.place(c.key)), (c.owner, _ms(c.ttl), deadline, "0", c.key.task_name,
                                        c.key.ident, c.request)) for c in calls],
             calls[0].key.task_name if calls else "?")
-        if replies is None:  # no pipelining on this client (Sentinel, a cluster)
-            return super().acquire_many(calls, now=now)
         answers = []
         for call, reply in zip(calls, replies, strict=True):
             answer = _text(reply)
