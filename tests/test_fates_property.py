@@ -11,7 +11,9 @@ one with ``on_duplicate="replace"`` (take_over), P a UniqueUntilProcessingJob, X
 ``without_overlapping`` (start_exclusive; some of its dispatches made as L2's
 ``on_duplicate="cancel_running"`` makes them, cancel_take, whose request to stop the running
 copy its renewals read), T a ThrottledJob with ``concurrency=2``, D a DebouncedJob (debounce,
-claim_due).
+claim_due), and on the Redis store of one server the fused dispatch of the U key
+(acquire_fused: the lock and the message in one script, its messages in a real Redis list
+until the broker delivers them; tests/fates_fused.py).
 
 The front-end is modelled as the code does it: a dispatch that raised StoreUnavailable hands
 its undo to engine/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
@@ -69,6 +71,7 @@ from dedup_jobs.stores.base import BaseStore, encode_call, running_key
 from dedup_jobs.stores.database import statements
 from tests.cluster.conftest import redis_cluster, use_cluster, valkey_cluster  # noqa: F401
 from tests.conftest import ALL_STORE_PARAMS, _use_store
+from tests.fates_fused import FusedRules
 from tests.fates_model import (
     DEALT,
     DEBOUNCE_FOR,
@@ -92,7 +95,7 @@ from tests.fates_model import (
 from tests.fates_worker import WorkerRules
 
 
-class StoreFates(WorkerRules, RuleBasedStateMachine):
+class StoreFates(FusedRules, WorkerRules, RuleBasedStateMachine):
     """Also the stand-in for rollback.py's queue (``add``), for the job an undo revokes through
     (``backend.mark_as_revoked``) and for the DebouncedJob whose ``_drop_burst`` it runs."""
 
@@ -131,6 +134,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         self.serial = 0
         for module in (unique, undo):  # undo_lock and the release hand undos here
             monkeypatch.setattr(module, "rollbacks", self)
+        self.setup_fused(run)
 
     # -- stand-ins -----------------------------------------------------------------------
 
@@ -156,7 +160,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         return f"{prefix}{self.serial}"
 
     def queued(self) -> set[str]:
-        return {tid for tid, _kind in self.queue}
+        return {tid for tid, _kind in self.queue} | self.fused_queued()
 
     def running(self) -> set[str]:
         return {b.tid for b in self.bodies}
@@ -270,6 +274,9 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
         with a deadline changes nothing)."""
         late, answer = self.fates.land(pick % len(self.fates.late))
         owner = late.owner
+        # the fused script refuses past the deadline (or finds the holder): it never pushes
+        assert not late.what.startswith("FUSED") or isinstance(answer, StoreUnavailable) or (
+            not answer.acquired), f"S7: the late {late.what} took the lock and pushed its message"
         if (owner in self.running() or (owner in self.failed and owner not in self.undone)
                 or any(r.owner == owner for r in self.resends)):
             return  # its run still renews what it holds; its undo or re-send is to come
@@ -357,6 +364,7 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
     def teardown(self) -> None:
         """Every late call lands, the store answers, every message and body ends."""
         if sys.exc_info()[1] is not self.outer:
+            self.drop_fused_queue()
             return
         while self.fates.late:
             self.late_call_lands(0)
@@ -365,11 +373,13 @@ class StoreFates(WorkerRules, RuleBasedStateMachine):
             while self.bodies:
                 self.finish(0, "ok")
             self.store_answers_again()
+            self.deliver_fused()
             if not self.queue:
                 break
             self.wait_for_turn(self.queue[0][0])
             self.start(0, "ok")
         assert not self.queue, f"the queue never drains: {self.queue}"
+        self.drop_fused_queue()
         waiting = {t: self.results.get(t) for t in self.awaited
                    if self.results.get(t) not in READY}
         assert not waiting, f"S7/D4: results never ready: {waiting}"

@@ -11,6 +11,7 @@ from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import BaseStore, running_key
+from dedup_jobs.stores.redis.fused import FusedCall
 
 
 def undo_lock(
@@ -61,3 +62,22 @@ def release_unpublished(job: Any, store: BaseStore, dispatch: Dispatch) -> None:
     if (released or dispatch.generated) and not job.ignore_result:
         job.backend.mark_as_revoked(owner, reason="never published: the broker refused its "
                                                   "message")
+
+
+def undo_fused(job: Any, store: Any, call: FusedCall, *, revoke: bool) -> None:
+    """S7: a fused dispatch (``jobs/fused.py``) failed with StoreUnavailable, maybe after its
+    script ran: once the store answers, its message is taken back off the queue if no worker
+    has it yet, and then its lock (``store.undo_fused``); only then is its id marked REVOKED
+    (``revoke``: not when the caller published it again without a lock, ON_STORE_ERROR =
+    "enqueue"), so a caller deduplicated onto it meanwhile gets an answer. A message a worker
+    has taken runs, with its lock, and its result answers those callers."""
+    def undo() -> bool:
+        removed = bool(store.undo_fused(call))
+        if removed and revoke and not job.ignore_result:
+            job.backend.mark_as_revoked(
+                call.owner, reason=f"never published: its dispatch failed (store "
+                                   f"{store.alias!r} unavailable)")
+        return removed
+
+    rollbacks.add(f"fused message and lock {call.key.key} of task {call.owner}", undo,
+                  store=store, lifetime=call.ttl)

@@ -41,6 +41,7 @@ from dedup_jobs.jobs.cancel import (
     run_cancellable,
     runs_exclusive,
 )
+from dedup_jobs.jobs.fused import dispatch_fused, why_not_fused
 from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.undo import release_unpublished, undo_lock
 from dedup_jobs.keys import JobKey
@@ -176,6 +177,10 @@ class UniqueJob(DedupJob):
         dispatch = Dispatch(key=key, task_id=task_id, ttl=ttl, generated=generated,
                             replace=self.on_duplicate in REPLACING,
                             cancel=self.on_duplicate == CANCEL_RUNNING)
+        if not why_not_fused(self, store, options):  # lock and message in one round trip
+            fused = dispatch_fused(self, store, dispatch, args, kwargs, alias, options)
+            if fused is not None:
+                return fused
         try:
             answer = dispatch.ask(store, now=now)
         except StoreUnavailable:

@@ -127,6 +127,10 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
 
 class _Calls(dict[str, str]):
     """A script's name as the metrics' ``call`` label: the store method it serves."""

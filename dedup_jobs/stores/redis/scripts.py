@@ -20,6 +20,7 @@ lock (or state) key, that key plus a suffix, or an index shard, and the cluster 
 
 import hashlib
 
+from dedup_jobs.stores.redis.fused_scripts import DISPATCH_CLOCK
 from dedup_jobs.stores.redis.trim import trim_lua
 from dedup_jobs.stores.redis.undo_scripts import _taken_from_caller
 
@@ -65,13 +66,7 @@ if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
   end
   return '0' .. cur
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = tonumber(ARGV[3])
-if deadline > 0 and now > deadline then
-  return 'L' .. now
-end
-if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
+""" + DISPATCH_CLOCK + """if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6], 'req', req)
@@ -371,6 +366,9 @@ return trimmed
 # THROTTLE_ADMIT, THROTTLE_RELEASE, THROTTLE_RENEW — throttling (T2-T4), in a module of
 # their own (their keys, arguments and answers are stated there); UNDO — the undo of a failed
 # dispatch (S7), beside the fragment _taken_from_caller of START and START_EXCLUSIVE.
+# FUSED, UNFUSE — the fused dispatch (a lock and its message in one script), in a module of
+# its own (fused_scripts.py).
+from dedup_jobs.stores.redis.fused_scripts import FUSED, UNFUSE  # noqa: E402, F401
 from dedup_jobs.stores.redis.throttle_scripts import (  # noqa: E402, F401
     THROTTLE_ADMIT,
     THROTTLE_RELEASE,

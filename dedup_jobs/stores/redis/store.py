@@ -34,12 +34,13 @@ from dedup_jobs.stores.base import (
 )
 from dedup_jobs.stores.cache import backend_path
 from dedup_jobs.stores.redis.adapters import adapter_for
-from dedup_jobs.stores.redis.connection import RedisConnection, _text
+from dedup_jobs.stores.redis.connection import RedisConnection, _ms, _text
+from dedup_jobs.stores.redis.fused import RedisFused
 from dedup_jobs.stores.redis.listing import RedisListing
 from dedup_jobs.stores.redis.throttle import RedisThrottleMixin
 
 
-class RedisStore(RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
+class RedisStore(RedisFused, RedisThrottleMixin, RedisListing, RedisConnection, BaseStore):
     """Locks on a Redis-protocol cache: django-redis, Django's own RedisCache, django-valkey
     (each reached through its adapter, ``adapters.py``)."""
 
@@ -311,10 +312,6 @@ def _started_exclusive(answer: Any, owner: str) -> Started:
     if not ok:
         return Started(run=False, holder=what)
     return Started(run=True, holder=None, took=True, released=what == "released")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 def _in_order(flat: list[Any]) -> tuple[str, ...]:
