@@ -42,7 +42,8 @@ if cur then
   return '0' .. cur
 end
 if redis.call('GET', KEYS[4]) == ARGV[6] then return '1' .. ARGV[1] end
-""" + DISPATCH_CLOCK + """local expires = now + tonumber(ARGV[2])
+""" + DISPATCH_CLOCK + """
+local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'req', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])

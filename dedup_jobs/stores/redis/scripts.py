@@ -66,7 +66,8 @@ if cur and (ARGV[4] ~= '1' or cur ~= ARGV[1]) then
   end
   return '0' .. cur
 end
-""" + DISPATCH_CLOCK + """if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
+""" + DISPATCH_CLOCK + """
+if req == '' and cur then req = redis.call('HGET', KEYS[1], 'req') or '' end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[5], 'id', ARGV[6], 'req', req)
