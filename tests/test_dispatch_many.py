@@ -5,6 +5,7 @@ before anything is dispatched; a publish that fails leaves no lock without its m
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import kombu
@@ -41,6 +42,16 @@ def test_acquire_many_answers_as_acquires_in_order_would(store_name: str) -> Non
         assert [(a.acquired, a.holder) for a in answers] == [
             (False, "holder"), (True, "b"), (True, "c"), (False, "c")]
     assert [store.get(k).owner for k in (held, free, twice)] == ["holder", "b", "c"]  # type: ignore[union-attr]
+
+
+def _queued() -> int:
+    """Messages on the test queue of the suite's Redis broker."""
+    import redis
+
+    from tests.celery_app import app
+
+    return int(redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(
+        app.conf.task_default_queue))
 
 
 def _reads(client: Any) -> int:
@@ -138,12 +149,15 @@ def test_bad_calls_raise_before_anything_is_dispatched(store_name: str) -> None:
     assert store.get(jobs.unique_add.job_key((62,), {})) is None
 
 
+@pytest.mark.parametrize("broker", ["redis", "memory"])
 def test_a_failed_publish_leaves_no_lock_without_its_message(
-    store_name: str, monkeypatch: pytest.MonkeyPatch
+    store_name: str, broker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """U6: the broker refuses the second winner: its lock and the third's are released (the
-    first stays, its message is queued), and the error is raised; the same batch dispatched
-    again then publishes the two that were not."""
+    """U6: the broker refuses the second winner, and the error is raised. On the Redis broker
+    the batch is one publish batch, written at its end: nothing of it is queued, every
+    winner's lock is released and its id marked REVOKED. On a broker that publishes at once
+    (kombu's memory transport) the first winner stays queued with its lock, the second's
+    and the third's are released. The same batch dispatched again publishes what was not."""
     publish = Task.apply_async
     sent: list[Any] = []
 
@@ -157,15 +171,39 @@ def test_a_failed_publish_leaves_no_lock_without_its_message(
 
     monkeypatch.setattr(Task, "apply_async", flaky)
     calls = [((n,), {}) for n in (81, 82, 83)]
-    with pytest.raises(ConnectionError, match="broker refused"):
-        jobs.unique_add.dispatch_many(calls)
-    store = _store(store_name)
-    owners = [getattr(store.get(jobs.unique_add.job_key((n,), {})), "owner", None)
-              for n in (81, 82, 83)]
-    assert owners == [sent[0], None, None]
-    again = jobs.unique_add.dispatch_many(calls)
-    assert [r.deduplicated for r in again] == [True, False, False]
-    assert again[0].id == sent[0]
+    with contextlib.ExitStack() as stack:
+        options = ({} if broker == "redis"
+                   else {"connection": stack.enter_context(kombu.Connection("memory://"))})
+        with pytest.raises(ConnectionError, match="broker refused"):
+            jobs.unique_add.dispatch_many(calls, **options)
+        store = _store(store_name)
+        owners = [getattr(store.get(jobs.unique_add.job_key((n,), {})), "owner", None)
+                  for n in (81, 82, 83)]
+        queued = _queued()
+        again = jobs.unique_add.dispatch_many(calls, **options)
+    if broker == "redis":
+        assert (owners, queued) == ([None, None, None], 0)
+        assert jobs.unique_add.AsyncResult(sent[0]).state == "REVOKED"
+        assert [r.deduplicated for r in again] == [False, False, False]
+    else:
+        assert owners == [sent[0], None, None]
+        assert [r.deduplicated for r in again] == [True, False, False]
+        assert again[0].id == sent[0]
+
+
+@pytest.mark.redis
+@override_settings(DEDUP_JOBS={"STORE": "redis"})
+def test_a_batch_is_published_in_one_broker_round_trip(redis_client: Any) -> None:
+    """L3 with the broker on the store's server: the batch's locks are one read on the
+    server, its 5 messages one more (kombu's publish batch, one pipelined write), not one
+    read each. (A batch whose messages pass 6,000 bytes is written by redis-py in pieces of
+    that size, which the server may read one by one: still one round trip.)"""
+    jobs.unique_add.dispatch_many([((0,), {})], ignore_result=True)  # connections, script
+    reads, results = _fewest_reads(redis_client, lambda n: jobs.unique_add.dispatch_many(
+        [((100 * (n + 1) + k,), {}) for k in range(5)], ignore_result=True))
+    assert [r.deduplicated for r in results] == [False] * 5
+    assert _queued() == 1 + 3 * 5
+    assert reads == 2, f"5 dispatches took {reads} reads on the store's and broker's server"
 
 
 @pytest.mark.redis

@@ -3,21 +3,24 @@
 Where a batch is decided: :func:`dispatch_batch`, for a unique kind whose duplicates return
 the holder's result (``on_duplicate = "return"``, the default): every lock of the batch in
 one store call (``engine/dispatch.py`` ``ask_many``: one round trip on the Redis family),
-then the winners published one after another over one producer connection (kombu publishes
-one message per call; no transport here takes a batch of them). Every other job, and a
+then the winners published over one producer, in one publish batch where the transport
+defers a batch's writes (kombu 5.7's Redis transport: one pipelined broker round trip for
+the batch; other transports publish one message per call). Every other job, and a
 unique job whose duplicates raise, replace or cancel, dispatches the calls one by one, each
 exactly as ``apply_async`` would (:meth:`DedupJob.dispatch_many`).
 
 What a failure leaves (S7, U6): a store that cannot answer for the batch raises before
 anything is published, and every request of the batch is undone (a lost reply may have
-taken some locks); a publish that fails releases its own lock and the locks of the winners
-not yet published (their ids marked REVOKED: a caller deduplicated onto one meanwhile gets
-an answer), then raises. Calling ``dispatch_many`` again with the same calls is then
+taken some locks); a publish that fails releases the locks of the winners not published
+(in a publish batch: every winner's, since the batch is written at its end, or not at all;
+their ids marked REVOKED: a caller deduplicated onto one meanwhile gets an answer), then
+raises. Calling ``dispatch_many`` again with the same calls is then
 safe: what was published is a duplicate now.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from celery.result import AsyncResult
@@ -68,28 +71,44 @@ def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list
 def _publish(job: Any, calls: list[Call], dispatches: list[Dispatch],
              answers: list[Dispatched], alias: str, options: dict[str, Any],
              store: Any) -> list[AsyncResult[Any]]:
-    """Publish the winners in order over one producer; a duplicate gets what a single
-    dispatch of it would (the holder's result; published too when observe-only, R3)."""
+    """Publish the winners in order over one producer, in one publish batch where the
+    transport defers a batch's writes (kombu 5.7's Redis transport: one pipelined round trip
+    at the end); a duplicate gets what a single dispatch of it would (the holder's result;
+    published too when observe-only, R3)."""
     results: list[AsyncResult[Any]] = []
     with job.app.producer_or_acquire(options.get("producer")) as producer:
         sent = {**options, "producer": producer}
-        decided = zip(calls, dispatches, answers, strict=True)
-        for index, ((args, kwargs), d, answer) in enumerate(decided):
-            try:
-                if not answer.publish:
-                    results.append(job._duplicate(d.key, alias, answer.holder, d.task_id,
-                                                  args, kwargs, sent))
-                    continue
-                result = job._publish(args, kwargs, d.task_id, d.key, alias, sent)
-            except BaseException:
-                # U6: no lock without its message, this call's nor a later winner's
-                for later, taken in zip(dispatches[index:], answers[index:], strict=True):
-                    if taken.publish and taken.locked:
-                        release_unpublished(job, store, later)
-                raise
+        batch: Any = getattr(producer, "batch", None)  # kombu 5.7+
+        # (a connection of the caller's is published on by Celery's own producer, at once)
+        deferred = (batch is not None and options.get("connection") is None
+                    and bool(getattr(producer, "supports_batch_publish", False)))
+        index = 0
+        try:
+            # room for every command of the batch: no write before the end (all or nothing)
+            with batch(max_size=8 * len(calls) + 8) if deferred else nullcontext():
+                decided = list(zip(calls, dispatches, answers, strict=True))
+                for index in range(len(decided)):
+                    (args, kwargs), d, answer = decided[index]
+                    if not answer.publish:
+                        results.append(job._duplicate(d.key, alias, answer.holder, d.task_id,
+                                                      args, kwargs, sent))
+                        continue
+                    result = job._publish(args, kwargs, d.task_id, d.key, alias, sent)
+                    result.deduplicated = False
+                    results.append(result)
+        except BaseException:
+            # U6: no lock without its message. Deferred, nothing of the batch was written
+            # (or, if its one write failed, not knowably): every winner's lock is released;
+            # a message that did land finds its lock free, or another owner's, at the
+            # worker's check. Published one by one: this call's and the later winners'.
+            start = 0 if deferred else index
+            for later, taken in zip(dispatches[start:], answers[start:], strict=True):
+                if taken.publish and taken.locked:
+                    release_unpublished(job, store, later)
+            raise
+    for d, answer in zip(dispatches, answers, strict=True):
+        if answer.publish:
             if answer.locked:
                 notify(lock_acquired, type(job), key=d.key.key, owner=d.task_id, store=alias)
             metrics.decision(job.name, "dispatched")
-            result.deduplicated = False
-            results.append(result)
     return results
