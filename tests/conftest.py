@@ -300,3 +300,17 @@ def server_client(family_store: str) -> Any:
 @pytest.fixture
 def app() -> Any:
     return celery_app
+
+
+@pytest.fixture
+def fapp() -> Iterator[Any]:
+    """An app of its own with the fused dispatch's transport (tests/fused_app.py), its broker
+    on the test Redis (database BROKER_DB), the store's own server."""
+    import redis
+
+    from tests.fused_app import BROKER_DB, fused_app
+
+    made = fused_app(f"{settings.REDIS_URL}/{BROKER_DB}",
+                     redis.Redis.from_url(f"{settings.REDIS_URL}/{BROKER_DB}"))
+    yield made
+    made.close()

@@ -17,6 +17,8 @@ from celery import Celery
 from dedup_jobs.jobs.unique import UniqueJob
 
 _numbers = itertools.count()
+#: the broker's database on the test Redis (the store is in database 9 of the same server)
+BROKER_DB = 12
 
 
 @contextmanager
@@ -41,6 +43,11 @@ class FusedApp:
     quiet: Any  # the same, ignore_result (no result backend traffic)
     counter: redis.Redis
 
+    def close(self) -> None:
+        """The app's queues emptied, its connections closed."""
+        self.counter.delete(self.queue, *[f"{self.queue}\x06\x16{p}" for p in (3, 6, 9)])
+        self.app.close()
+
     def runs(self, token: str) -> int:
         return int(self.counter.get(f"runs:{token}") or 0)
 
@@ -64,3 +71,4 @@ def fused_app(broker: str, counter: redis.Redis, **conf: Any) -> FusedApp:
     quiet = app.task(base=UniqueJob, bind=True, name=f"{name}.quiet", unique_for=60, shared=False,
                      unique_on=("token",), ignore_result=True)(body)
     return FusedApp(app=app, queue=queue, unique=unique, quiet=quiet, counter=counter)
+

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from dedup_jobs.jobs import fused
 from dedup_jobs.stores import get_store
-from tests.fused_app import FusedApp, fused_app, keep_default_app
+from tests.fused_app import BROKER_DB, FusedApp, fused_app, keep_default_app
 from tests.guard_support import token
 from tests.workers import thread_worker, wait_for
 
@@ -30,16 +30,6 @@ def _default_app() -> Iterator[None]:
     with keep_default_app():
         yield
 
-BROKER_DB = 12
-
-
-@pytest.fixture
-def fapp() -> Iterator[FusedApp]:
-    broker = redis.Redis.from_url(f"{settings.REDIS_URL}/{BROKER_DB}")
-    made = fused_app(f"{settings.REDIS_URL}/{BROKER_DB}", broker)
-    yield made
-    broker.delete(made.queue, *[f"{made.queue}\x06\x16{p}" for p in (3, 6, 9)])
-    made.app.close()
 
 
 def _queued(fapp: FusedApp, priority: int = 0) -> int:

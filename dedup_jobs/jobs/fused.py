@@ -45,7 +45,10 @@ def fused_transport(app: Any) -> bool:
             cls = resolve_transport(app.conf.broker_transport or "")
         except (KeyError, ImportError, AttributeError):
             cls = None
-        found = isinstance(cls, type) and issubclass(cls, Transport)
+        # (protocol 1 carries the task id in the body: the channel could not tell the
+        # dispatch's message from another)
+        found = (isinstance(cls, type) and issubclass(cls, Transport)
+                 and app.conf.task_protocol == 2)
         app._dedup_fused = found
     return bool(found)
 

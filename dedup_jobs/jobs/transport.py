@@ -18,6 +18,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
@@ -55,7 +56,10 @@ class Channel(kombu_redis.Channel):
 
     def basic_publish(self, message: Any, exchange: Any, routing_key: Any, **kwargs: Any) -> Any:
         pending = PENDING.get()
-        if pending is None or pending.call is not None:
+        if (pending is None or pending.call is not None
+                or (message.get("headers") or {}).get("id") != pending.owner):
+            # not the pending dispatch's own message (one published by a before_task_publish
+            # handler, say, while the dispatch is under way): kombu's own way
             return super().basic_publish(message, exchange, routing_key, **kwargs)
         why = self._unfusable(exchange, routing_key, kwargs, pending)
         if why:
@@ -82,15 +86,22 @@ class Channel(kombu_redis.Channel):
             return f"queue {routing_key!r} expires"
         if self.global_keyprefix:
             return "the transport's global_keyprefix"
-        if self.server_id() != pending.store.server_id():
+        broker, store = self.server_id(), pending.store.server_id()
+        if not broker or not store:
+            return "the Redis server cannot be named (INFO refused, renamed, or no run_id)"
+        if broker != store:
             return "the broker and the store are different Redis servers"
         return ""
 
     def server_id(self) -> str:
-        """The broker's server (INFO's run_id), read once per channel."""
+        """The broker's server (INFO's run_id), read once per channel; "" when the server
+        cannot be named (INFO refused to an ACL user without @dangerous, or renamed)."""
         if self._dedup_server is None:
             with self.conn_or_acquire() as client:
-                self._dedup_server = str(client.info("server")["run_id"])
+                try:
+                    self._dedup_server = str(client.info("server")["run_id"])
+                except (redis.ResponseError, KeyError, TypeError):
+                    self._dedup_server = ""
         return self._dedup_server
 
 

@@ -42,6 +42,8 @@ class RedisFused:
     deadline_ms: Any
     learn_skew: Any
     _tombstone_ms: Any
+    _reply: Any
+    _errors: Any
 
     def fused_database(self) -> int | None:
         """The store's database number when a fused dispatch can run on it, else None."""
@@ -52,11 +54,16 @@ class RedisFused:
 
     def server_id(self) -> str:
         """The store's Redis server as the server names itself (INFO's run_id, read once):
-        the broker's connection is on the same server when its run_id is this one."""
+        the broker's connection is on the same server when its run_id is this one. "" when
+        the server cannot be named (INFO refused or renamed): then nothing is fused."""
         if self._server is None:
             try:
                 self._server = str(self.client.info("server")["run_id"])
-            except Exception as exc:
+            except (self._reply, KeyError, TypeError):
+                # INFO refused (an ACL user without @dangerous), renamed, or no run_id: the
+                # server cannot be named, so nothing is fused on it ("")
+                self._server = ""
+            except self._errors as exc:
                 raise StoreUnavailable(self.alias, exc) from exc
         return self._server
 

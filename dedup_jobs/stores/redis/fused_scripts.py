@@ -33,6 +33,10 @@ end
 # receipt's ttl ms
 # Returns as ACQUIRE: "1" .. owner (taken and pushed; or a re-send of that request),
 # "0" .. holder (a duplicate: nothing pushed), "L" .. server ms (past the deadline: nothing).
+# The message is pushed before anything is written (a script is not rolled back when a
+# command in it fails): a push the server refuses (the queue's key of another type) answers
+# its error and leaves no lock; the database is switched back first (before Redis 7 a
+# script's SELECT stayed on the connection).
 FUSED = """
 local cur = redis.call('HGET', KEYS[1], 'owner')
 if cur then
@@ -43,6 +47,10 @@ if cur then
 end
 if redis.call('GET', KEYS[4]) == ARGV[6] then return '1' .. ARGV[1] end
 """ + DISPATCH_CLOCK + """
+if ARGV[8] ~= ARGV[7] then redis.call('SELECT', ARGV[8]) end
+local pushed = redis.pcall('LPUSH', KEYS[3], ARGV[9])
+if ARGV[8] ~= ARGV[7] then redis.call('SELECT', ARGV[7]) end
+if type(pushed) == 'table' and pushed.err then return pushed end
 local expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'state', 'queued', 'acquired', now,
            'expires', expires, 'task', ARGV[4], 'id', ARGV[5], 'req', ARGV[6])
@@ -52,9 +60,6 @@ if tonumber(t[2]) % 16 == 0 then
 end
 redis.call('ZADD', KEYS[2], expires, KEYS[1])
 redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[10])
-if ARGV[8] ~= ARGV[7] then redis.call('SELECT', ARGV[8]) end
-redis.call('LPUSH', KEYS[3], ARGV[9])
-if ARGV[8] ~= ARGV[7] then redis.call('SELECT', ARGV[7]) end
 return '1' .. ARGV[1]
 """
 
