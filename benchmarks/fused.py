@@ -3,12 +3,15 @@ that is both broker and store, two round trips (kombu's own Redis transport) aga
 (``broker_transport = "dedup_jobs.transport:Transport"``), beside plain Celery's publish on
 each transport. Prints a table (not a timed test).
 
-Per contender, ROUNDS rounds of BATCH dispatches (first dispatches: a fresh key each call;
-duplicates: one held key), in an order that rotates from round to round, the queue and the
-locks emptied after each round; µs per dispatch is the median over rounds. Redis round trips
+ROUNDS rounds; in each, BATCH dispatches of every contender, one of each in turn (first
+dispatches: a fresh key each call; duplicates: one held key), each call timed alone, the
+turn's order rotating from round to round, the queue and the locks emptied after each round;
+µs per dispatch is the median over rounds of each round's median. Redis round trips
 are the server's ``total_reads_processed`` per dispatch over one batch; commands are what
 MONITOR shows per dispatch (commands a script runs are not counted: MONITOR marks them
-"lua"). Every ratio is of figures printed beside it.
+"lua"). Every ratio is of figures printed beside it. The fused duplicates are a job of their
+own: a job whose recent dispatches are mostly duplicates takes two round trips
+(``jobs/fused.py`` ``MOSTLY_DUPLICATES``), which the table shows.
 
 Run:
     DEDUP_JOBS_TEST_REDIS=redis://127.0.0.1:6379 uv run --group bench python -m benchmarks.fused
@@ -62,6 +65,14 @@ def unique_fused(item: int, seconds: float = 0.0) -> int:
     return item
 
 
+@fused_app.task(name="bench_fused.unique_dup", base=UniqueJob, unique_for=UNIQUE_FOR,
+                unique_on=("item",))
+def unique_fused_dup(item: int, seconds: float = 0.0) -> int:
+    """The duplicates' job: a job of its own, as a job that is mostly dispatched while held
+    is (its dispatches then take two round trips: jobs/fused.py MOSTLY_DUPLICATES)."""
+    return item
+
+
 fresh = count(10_000_000)
 HELD = 1  # the duplicates' key
 
@@ -74,7 +85,7 @@ CONTENDERS: dict[str, Callable[[], Any]] = {
     TWO: lambda: bench.unique.delay(next(fresh)),
     FUSED: lambda: unique_fused.delay(next(fresh)),
     TWO_DUP: lambda: bench.unique.delay(HELD),
-    FUSED_DUP: lambda: unique_fused.delay(HELD),
+    FUSED_DUP: lambda: unique_fused_dup.delay(HELD),
 }
 
 
@@ -90,7 +101,7 @@ def _empty() -> None:
 def _hold() -> None:
     """The duplicates' key held (by a dispatch of each job kind's own path)."""
     bench.unique.delay(HELD)
-    unique_fused.delay(HELD)
+    unique_fused_dup.delay(HELD)
 
 
 def _batch(call: Callable[[], Any], n: int) -> tuple[float, float]:
@@ -110,7 +121,8 @@ def _monitored(call: Callable[[], Any], n: int = 20) -> float:
     """Commands per dispatch as MONITOR sees them (not those a script runs)."""
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
-    watcher = redis.Redis.from_url(f"{settings.REDIS_URL}/0")
+    watcher = redis.Redis.from_url(f"{settings.REDIS_URL}/0")  # its GET below: a new
+    # connection (HELLO), not counted
 
     def watch() -> None:
         with watcher.monitor() as m:
@@ -129,8 +141,25 @@ def _monitored(call: Callable[[], Any], n: int = 20) -> float:
     watcher.get("BENCH-STOP")
     thread.join(5)
     mine = [c for c in seen if c.get("client_type") != "lua"
-            and not c["command"].startswith(("INFO", "CLIENT", "FLUSHDB"))]
+            and not c["command"].startswith(("INFO", "CLIENT", "FLUSHDB", "HELLO"))]
     return len(mine) / n
+
+
+def _interleaved(n: int, names: list[str], offset: int) -> dict[str, list[float]]:
+    """``n`` calls of every contender, one of each in turn (the order rotating by
+    ``offset``): each call timed alone, so a drift of the machine's speed hits all alike."""
+    order = names[offset % len(names):] + names[:offset % len(names)]
+    timed: dict[str, list[float]] = {name: [] for name in names}
+    gc.disable()
+    try:
+        for _ in range(n):
+            for name in order:
+                started = time.perf_counter()
+                CONTENDERS[name]()
+                timed[name].append((time.perf_counter() - started) * 1e6)
+    finally:
+        gc.enable()
+    return timed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     trips: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     names = list(CONTENDERS)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            _hold()
-            us, reads = _batch(CONTENDERS[name], args.batch)
-            micros[name].append(us)
-            trips[name].append(reads)
-            _empty()
+        _hold()
+        for name, values in _interleaved(args.batch, names, r).items():
+            micros[name].append(statistics.median(values))
+        _empty()
+    for name in names:  # round trips: one contender at a time, counted on the server
+        _hold()
+        trips[name].append(_batch(CONTENDERS[name], 100)[1])
+        _empty()
     _hold()
     commands = {name: _monitored(CONTENDERS[name]) for name in names}
     _empty()

@@ -80,7 +80,6 @@ def test_a_fused_dispatch_is_one_command_and_a_duplicate_pushes_nothing(fapp: Fu
 def test_the_two_round_trip_path_for_contrast(fapp: FusedApp, monkeypatch: Any) -> None:
     # the same dispatches with the fused path refused: a lock call and a push each
     monkeypatch.setattr(fused, "why_not_fused", lambda *a: "switched off")
-    monkeypatch.setattr("dedup_jobs.jobs.unique.why_not_fused", lambda *a: "switched off")
     fapp.quiet.delay(token(), 0)
     tokens = [token() for _ in range(3)]
     commands = _commands_about([fapp.queue, *tokens],
@@ -146,3 +145,28 @@ def test_a_message_that_cannot_be_fused_goes_the_two_round_trip_way(
     finally:
         fapp.counter.delete(f"pfx:{other.queue}")
         other.app.close()
+
+
+def test_a_job_of_mostly_duplicates_takes_two_round_trips_until_it_stops(
+    fapp: FusedApp, monkeypatch: Any
+) -> None:
+    """A fused duplicate has Celery build the message it throws away; on the other path a
+    duplicate builds none. Once most recent dispatches of a job are duplicates, its dispatches
+    take two round trips; once they are mostly first dispatches again, one."""
+    store = get_store(fapp.quiet.store_alias())
+    calls: list[str] = []
+    for name in ("acquire", "acquire_fused"):
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda *a, _n=name, _r=real, **k: (
+            calls.append(_n), _r(*a, **k))[1])
+    t = token()
+    fapp.quiet.delay(t, 0)
+    for _ in range(20):
+        assert fapp.quiet.delay(t, 1).deduplicated
+    assert calls[0] == "acquire_fused" and calls[-1] == "acquire", calls
+    assert "duplicates" in fused.why_not_fused(fapp.quiet, store, {})
+    calls.clear()
+    for _ in range(80):
+        assert not fapp.quiet.delay(token(), 1).deduplicated
+    assert calls[0] == "acquire" and calls[-1] == "acquire_fused", calls
+    assert _queued(fapp) == 81

@@ -230,7 +230,7 @@ def test_a_push_refused_by_the_server_leaves_no_lock(fapp: FusedApp) -> None:
 
 
 def test_the_two_round_trip_path_for_contrast(fapp: FusedApp, monkeypatch: Any) -> None:
-    monkeypatch.setattr("dedup_jobs.jobs.unique.why_not_fused", lambda *a: "switched off")
+    monkeypatch.setattr("dedup_jobs.jobs.fused.why_not_fused", lambda *a: "switched off")
     fapp.quiet.delay(token(), 0)
     t = token()
     fapp.counter.delete(fapp.queue)

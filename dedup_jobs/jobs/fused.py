@@ -35,6 +35,24 @@ from dedup_jobs.signals import lock_acquired, notify
 
 #: (job name, store object id) -> why its messages cannot be fused (found by a first try)
 _refused: dict[tuple[str, int], str] = {}
+#: (job name, store object id) -> the share of its recent dispatches that were duplicates
+#: (a moving average over about the last 32)
+_duplicates: dict[tuple[str, int], float] = {}
+#: above this share of duplicates the job's dispatches take two round trips: a fused
+#: duplicate has Celery build the message it then throws away (~500 us of CPU), where the
+#: other path answers a duplicate in one round trip without building one; one fused first
+#: dispatch saves about a round trip and a third of that (docs/benchmarks.md#fused)
+MOSTLY_DUPLICATES = 0.2
+
+
+def observed(job: Any, store: Any, duplicate: bool) -> None:
+    """Count one dispatch of ``job`` on ``store`` (a duplicate or not), on either path, where
+    the fused transport is named."""
+    if not fused_transport(job.app):
+        return
+    key = (job.name, id(store))
+    share = _duplicates.get(key, 0.0)
+    _duplicates[key] = share + ((1.0 if duplicate else 0.0) - share) / 32
 
 
 def fused_transport(app: Any) -> bool:
@@ -63,7 +81,11 @@ def why_not_fused_job(job: Any, store: Any) -> str:
         return f"on_duplicate = {job.on_duplicate!r}"
     if job.observing():
         return "observe-only"
-    return _refused.get((job.name, id(store)), "")
+    key = (job.name, id(store))
+    if _duplicates.get(key, 0.0) > MOSTLY_DUPLICATES:
+        return (f"{_duplicates[key]:.0%} of its recent dispatches were duplicates, which "
+                f"cost less on the two-round-trip path")
+    return _refused.get(key, "")
 
 
 def why_not_fused(job: Any, store: Any, options: dict[str, Any]) -> str:
@@ -79,6 +101,15 @@ def why_not_fused(job: Any, store: Any, options: dict[str, Any]) -> str:
     if options.get("connection") is not None or job.app.conf.task_always_eager:
         return "an explicit connection, or eager mode"
     return ""
+
+
+def try_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: Any,
+              alias: str, options: dict[str, Any]) -> AsyncResult[Any] | None:
+    """The fused dispatch where it applies (:func:`why_not_fused`), else None: the caller
+    takes the two-round-trip way."""
+    if not fused_transport(job.app) or why_not_fused(job, store, options):
+        return None
+    return dispatch_fused(job, store, dispatch, args, kwargs, alias, options)
 
 
 def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: Any,
@@ -114,6 +145,7 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
         answer = dispatch.ask(store, now=clock.now())
     else:
         answer = dispatch.read(pending.answer)
+    observed(job, store, not answer.publish)
     if not answer.publish:
         duplicate: AsyncResult[Any] = job._duplicate(
             dispatch.key, alias, answer.holder, dispatch.task_id, args, kwargs, options)

@@ -41,7 +41,7 @@ from dedup_jobs.jobs.cancel import (
     run_cancellable,
     runs_exclusive,
 )
-from dedup_jobs.jobs.fused import dispatch_fused, why_not_fused
+from dedup_jobs.jobs.fused import observed, try_fused
 from dedup_jobs.jobs.replace import replaced_by
 from dedup_jobs.jobs.undo import release_unpublished, undo_lock
 from dedup_jobs.keys import JobKey
@@ -177,10 +177,9 @@ class UniqueJob(DedupJob):
         dispatch = Dispatch(key=key, task_id=task_id, ttl=ttl, generated=generated,
                             replace=self.on_duplicate in REPLACING,
                             cancel=self.on_duplicate == CANCEL_RUNNING)
-        if not why_not_fused(self, store, options):  # lock and message in one round trip
-            fused = dispatch_fused(self, store, dispatch, args, kwargs, alias, options)
-            if fused is not None:
-                return fused
+        fused = try_fused(self, store, dispatch, args, kwargs, alias, options)
+        if fused is not None:  # the lock and the message in one round trip
+            return fused
         try:
             answer = dispatch.ask(store, now=now)
         except StoreUnavailable:
@@ -196,6 +195,7 @@ class UniqueJob(DedupJob):
             metrics.decision(self.name, "dispatched")
             result.deduplicated = False  # type: ignore[attr-defined]
             return result
+        observed(self, store, not answer.publish)  # (counted only where fusing is on)
         if not answer.publish:
             return self._duplicate(key, alias, answer.holder, task_id, args, kwargs, options)
         if answer.replaced:
