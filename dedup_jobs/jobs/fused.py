@@ -29,7 +29,6 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger
-from dedup_jobs.jobs.transport import PENDING, Channel, Pending, Transport, Unfusable
 from dedup_jobs.jobs.undo import undo_fused
 from dedup_jobs.signals import lock_acquired, notify
 
@@ -59,16 +58,28 @@ def fused_transport(app: Any) -> bool:
     """Does the Celery ``app`` publish through this app's transport (read once per app)?"""
     found = getattr(app, "_dedup_fused", None)
     if found is None:
-        try:
-            cls = resolve_transport(app.conf.broker_transport or "")
-        except (KeyError, ImportError, AttributeError):
-            cls = None
-        # (protocol 1 carries the task id in the body: the channel could not tell the
-        # dispatch's message from another)
-        found = (isinstance(cls, type) and issubclass(cls, Transport)
-                 and app.conf.task_protocol == 2)
+        found = False
+        name = app.conf.broker_transport
+        if name:  # (kombu's Redis transport is imported only by those who name this one)
+            try:
+                cls = resolve_transport(name)
+                ours = _transport().Transport
+            except (KeyError, ImportError, AttributeError):
+                cls = ours = None
+            # (protocol 1 carries the task id in the body: the channel could not tell the
+            # dispatch's message from another)
+            found = (isinstance(cls, type) and ours is not None and issubclass(cls, ours)
+                     and app.conf.task_protocol == 2)
         app._dedup_fused = found
     return bool(found)
+
+
+def _transport() -> Any:
+    """``jobs/transport.py``, imported on first use: it imports kombu's Redis transport,
+    which needs redis-py (not a dependency of a project on the database store)."""
+    from dedup_jobs.jobs import transport
+
+    return transport
 
 
 def why_not_fused_job(job: Any, store: Any) -> str:
@@ -96,7 +107,8 @@ def why_not_fused(job: Any, store: Any, options: dict[str, Any]) -> str:
     if options.get("group_id") or options.get("chord") or "chain" in options:
         return "a canvas (its id is frozen in a result somebody waits on)"
     producer = options.get("producer")
-    if producer is not None and not isinstance(getattr(producer, "channel", None), Channel):
+    if producer is not None and not isinstance(getattr(producer, "channel", None),
+                                               _transport().Channel):
         return "a producer of another transport"
     if options.get("connection") is not None or job.app.conf.task_always_eager:
         return "an explicit connection, or eager mode"
@@ -116,14 +128,15 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
                    alias: str, options: dict[str, Any]) -> AsyncResult[Any] | None:
     """The fused dispatch: the caller's result, or None when the message could not be fused
     (nothing sent: the caller takes the two-round-trip way)."""
-    pending = Pending(store=store, key=dispatch.key, owner=dispatch.task_id, ttl=dispatch.ttl,
-                      request=dispatch.request)
+    transport = _transport()
+    pending = transport.Pending(store=store, key=dispatch.key, owner=dispatch.task_id,
+                                ttl=dispatch.ttl, request=dispatch.request)
     failure: StoreUnavailable | None = None
-    token = PENDING.set(pending)
+    token = transport.PENDING.set(pending)
     try:
         result: AsyncResult[Any] = job._publish(args, kwargs, dispatch.task_id, dispatch.key,
                                                 alias, options)
-    except Unfusable as exc:
+    except transport.Unfusable as exc:
         _refused[(job.name, id(store))] = str(exc)
         logger.info("%s: not fused on store %r (%s): two round trips per dispatch.",
                     job.name, alias, exc)
@@ -131,7 +144,7 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
     except StoreUnavailable as exc:
         failure = exc
     finally:
-        PENDING.reset(token)
+        transport.PENDING.reset(token)
     if failure is not None:
         failed: AsyncResult[Any] = _failed(job, store, pending, failure,
                                            (args, kwargs, alias, options))
@@ -156,7 +169,7 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
     return result
 
 
-def _failed(job: Any, store: Any, pending: Pending, failure: StoreUnavailable,
+def _failed(job: Any, store: Any, pending: Any, failure: StoreUnavailable,
             publish: tuple[Any, Any, str, dict[str, Any]]) -> Any:
     """The fused call failed: its undo handed to the rollback thread, then raise (or publish
     without a lock, ON_STORE_ERROR = "enqueue")."""

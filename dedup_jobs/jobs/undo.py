@@ -4,14 +4,16 @@ rollback thread (``engine/rollback.py``), and the never-published task marked RE
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import BaseStore, running_key
-from dedup_jobs.stores.redis.fused import FusedCall
+
+if TYPE_CHECKING:
+    from dedup_jobs.stores.redis.fused import FusedCall
 
 
 def undo_lock(
