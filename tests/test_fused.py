@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,7 +54,9 @@ def _commands_about(words: list[str], dispatch: Any) -> list[str]:
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     ready.wait(5)
-    time.sleep(0.1)  # the MONITOR command has reached the server before the dispatch
+    # the MONITOR is on once it reports a marker of ours (polled, not slept on)
+    wait_for(lambda: monitor.get("START-WATCHING") is None
+             and any("START-WATCHING" in c["command"] for c in list(seen)), timeout=10)
     dispatch()
     monitor.get("STOP-WATCHING")
     thread.join(5)
