@@ -85,7 +85,8 @@ def drain(case: str, messages: int) -> dict[str, Any]:
         "releases": counts.scripts["THROTTLE_RELEASE"],
         "renewals": counts.scripts["THROTTLE_RENEW"],
         "other": sum(counts.other_store.values()),
-        "published": counts.published,
+        "published": counts.published + counts.wakes,
+        "wakes": counts.wakes,
     }
 
 
@@ -97,7 +98,7 @@ def main() -> None:
     cases = [options.only] if options.only else ["concurrency", "rate"]
     rows = [drain(case, options.messages) for case in cases]
     head = ("limit", "messages", "drain s", "admissions", "releases", "renewals",
-            "store calls", "per msg", "broker msgs", "per msg", "deferrals", "per msg")
+            "store calls", "per msg", "wakes", "broker msgs", "per msg", "deferrals", "per msg")
     print("| " + " | ".join(head) + " |")
     print("|" + " --- |" * len(head))
     for row in rows:
@@ -107,7 +108,8 @@ def main() -> None:
         print("| " + " | ".join([
             row["limit"], str(n), f"{row['seconds']:.1f}", str(row["admissions"]),
             str(row["releases"]), str(row["renewals"]), str(calls), f"{calls / n:.2f}",
-            str(row["published"]), f"{row['published'] / n:.2f}", str(deferrals),
+            str(row["wakes"]), str(row["published"]), f"{row['published'] / n:.2f}",
+            str(deferrals),
             f"{deferrals / n:.2f}",
         ]) + " |")
     print()
@@ -120,7 +122,8 @@ def main() -> None:
               f"{'within' if within else 'over'} the budget of 3 and 3.")
     print()
     print("store calls = admissions + releases + renewals (+ any other command on the store's "
-          "database); broker msgs = LPUSH onto the queue (1 per message + 1 per deferral); "
+          "database); broker msgs = LPUSH onto the queue (1 per message + 1 per deferral) + "
+          "wakes (a PUBLISH of dedup_jobs_wake on the workers' control channel); "
           "deferrals = admissions - messages. Budget (issue 15): <= 3 store calls and <= 3 "
           "broker messages per message over the whole drain.")
 

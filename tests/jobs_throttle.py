@@ -98,3 +98,12 @@ def _register_class_jobs() -> tuple[PerPlanConcurrency, PerPlanRate]:
 
 
 per_plan_concurrency, per_plan_rate = _register_class_jobs()
+
+
+@shared_task(base=ThrottledJob, name="tests.one_at_once", concurrency=1)
+def one_at_once(tag: int = 0, seconds: float = 0.0) -> int:
+    start = time.time()
+    time.sleep(seconds)
+    deferred = one_at_once.request.eta is not None
+    record("one_at_once", (tag, start, time.time(), deferred))
+    return tag

@@ -31,6 +31,8 @@ class ServerCounts:
         self.scripts: Counter[str] = Counter()
         self.other_store: Counter[str] = Counter()
         self.published = 0
+        #: the wakes (T2): broadcasts of ``dedup_jobs_wake`` onto the workers' control channel
+        self.wakes = 0
         #: (server time, command) of every throttle admission (THROTTLE_ADMIT) in the store
         #: database: the owner's task id is among the command's arguments
         self.admissions: list[tuple[float, str]] = []
@@ -60,6 +62,8 @@ class ServerCounts:
                         self.other_store[name] += 1
                     elif db == self.broker_db and name == "lpush" and words[1] == self.queue:
                         self.published += 1
+                    elif db == self.broker_db and name == "publish" and "pidbox" in words[1]:
+                        self.wakes += 1
 
         thread = threading.Thread(target=watch, daemon=True)
         thread.start()

@@ -23,6 +23,8 @@ from dedup_jobs.engine.lease import leases
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import InvalidJobConfiguration, InvalidJobId, StoreUnavailable
 from dedup_jobs.keys import JobKey
+from dedup_jobs.stores.answers import Released
+from dedup_jobs.stores.throttling import WAKE_AFTER
 
 #: seconds per period letter of Celery's rate syntax
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -186,14 +188,28 @@ class Slot:
     held: bool = False
 
 
-def release_slot(job_name: str, slot: Slot | None) -> None:
+#: the front-end's way to bring a waiter's held message forward (T2, the wake): called with
+#: the waiter's task id when a release called it; it must not raise
+Wake = Callable[[str], None]
+
+
+def release_slot(job_name: str, slot: Slot | None, wake: Wake | None = None) -> None:
     """Free ``slot`` (None: nothing to free): its run ended, or it does not run after all.
-    A release that cannot reach the store is re-sent until it answers (W4), by the rollback
-    thread, for as long as the slot could live (a lease)."""
+    With ``wake``, on a store that can wake (``can_wake``), the same round trip calls the
+    waiter of the earliest turn if that turn is more than ``WAKE_AFTER`` away, and ``wake``
+    brings its message forward. A release that cannot reach the store is re-sent until it
+    answers (W4), by the rollback thread, for as long as the slot could live (a lease); a
+    re-sent release wakes nobody (the waiter comes back for its turn, as planned)."""
     if slot is None:
         return
     try:
-        slot.store.throttle_release(slot.key, slot.owner)
+        if wake is not None and getattr(slot.store, "can_wake", False):
+            answer: Released = slot.store.throttle_release_waking(slot.key, slot.owner,
+                                                                  WAKE_AFTER)
+            if answer.wake:
+                wake(answer.wake)
+        else:
+            slot.store.throttle_release(slot.key, slot.owner)
     except StoreUnavailable:
         logging.getLogger("dedup_jobs").warning(
             "%s[%s]: could not release its slot of %s; released as soon as the store "
@@ -206,7 +222,8 @@ def release_slot(job_name: str, slot: Slot | None) -> None:
 
 @contextmanager
 def holding(slot: Slot | None, sender: Any, request: Any,
-            keep_on: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+            keep_on: tuple[type[BaseException], ...] = (),
+            wake: Wake | None = None) -> Iterator[None]:
     """Run the block holding ``slot`` (None: nothing to hold): renewed by the lease thread
     every third of LEASE_SECONDS (a SIGKILLed worker's slot frees within LEASE_SECONDS),
     released when the block ends, except by a retry (the retry, same task id, keeps it, as
@@ -230,4 +247,4 @@ def holding(slot: Slot | None, sender: Any, request: Any,
         # W4: a re-sent admission that granted no slot leaves nothing to free
         keep = keep or (lease is not None and lease.granted is False)
         if not keep:
-            release_slot(str(getattr(sender, "name", sender)), slot)
+            release_slot(str(getattr(sender, "name", sender)), slot, wake)

@@ -146,13 +146,13 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         admitted = check_lock(job, args, kwargs, message, key, alias, store)
     except PutOff:  # W5: a slot held already is the live first run's: it releases it
         if slot is None or not slot.held:
-            release_slot(job.name, slot)
+            release_slot(job.name, slot, job.waker())
         raise
     except BaseException:
-        release_slot(job.name, slot)  # the lock check ended it: skipped, deferred
+        release_slot(job.name, slot, job.waker())  # the lock check ended it: skipped, deferred
         raise
     if not admitted.run or slot is None:
-        release_slot(job.name, slot)  # skipped inside a group or chord: it does not run
+        release_slot(job.name, slot, job.waker())  # skipped in a group or chord: it does not run
         return admitted
     return replace(admitted, slot=slot)
 

@@ -352,7 +352,7 @@ class DebouncedJob(DedupJob):
         slot = admit_throttle(self, args, kwargs, lambda countdown: self._wait_claimed(
             args, kwargs, countdown))
         try:
-            with holding(slot, type(self), request, keep_on=(Retry,)):
+            with holding(slot, type(self), request, keep_on=(Retry,), wake=self.waker()):
                 result = self.run(*args, **kwargs)
         except (Retry, Ignore):
             raise  # a retry carries ``others`` in its header; Ignore means hands off

@@ -75,5 +75,5 @@ class ThrottledJob(DedupJob):
         slot = admit_throttle(self, args, kwargs, lambda countdown: self.publish_again(
             args, kwargs, countdown))
         metrics.decision(self.name, "ran")
-        with holding(slot, type(self), request, keep_on=(Retry,)):
+        with holding(slot, type(self), request, keep_on=(Retry,), wake=self.waker()):
             return self.run(*args, **kwargs)

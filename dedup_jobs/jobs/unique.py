@@ -280,7 +280,8 @@ class UniqueJob(DedupJob):
         if not admitted.run:
             return None  # skipped inside a group or chord (W3): done, with None
         # T2: its concurrency slot
-        with holding(admitted.slot, type(self), request, keep_on=(Retry,)):
+        with holding(admitted.slot, type(self), request, keep_on=(Retry,),
+                     wake=self.waker()):
             return self._run_admitted(admitted, args, kwargs)
 
     def _run_admitted(self, admitted: Admitted, args: Any, kwargs: Any) -> Any:

@@ -18,6 +18,13 @@ TURN_PAD = 0.005
 HELD_BACK = 4
 
 
+#: a release calls the waiter of the earliest turn when that turn is more than this many
+#: seconds away (the runs ended sooner than the plan said): the front-end brings its held
+#: message forward (Celery: the ``dedup_jobs_wake`` worker command), so a freed slot does
+#: not idle until the planned turn. A turn sooner than this is left to come by itself.
+WAKE_AFTER = 0.1
+
+
 def limit_text(concurrency: int, rate_limit: int, rate_period: float) -> str:
     """The limit as the admin shows it: "concurrency 2", "10/s", "concurrency 2, 10/s"."""
     parts = [f"concurrency {concurrency}"] if concurrency else []

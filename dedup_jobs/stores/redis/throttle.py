@@ -18,6 +18,7 @@ from dedup_jobs.stores.base import (
     THROTTLE_GRACE,
     Admission,
     Page,
+    Released,
     Renewed,
     ThrottleState,
 )
@@ -104,6 +105,21 @@ class RedisThrottleMixin:
     def throttle_release(self, key: JobKey, owner: str) -> bool:
         return bool(self._eval("THROTTLE_RELEASE", self._slot_keys(key), (owner,),
                                key.task_name))
+
+    #: a release can call the waiter of the earliest turn (:meth:`throttle_release_waking`)
+    can_wake = True
+
+    def throttle_release_waking(self, key: JobKey, owner: str, wake_after: float) -> Released:
+        """:meth:`throttle_release`, and in the same round trip: the waiter whose turn is the
+        earliest, if that is more than ``wake_after`` seconds away, has its turn moved to
+        now and is named in the answer (see THROTTLE_RELEASE)."""
+        keys = self._throttle_keys(key)
+        answer = self._eval("THROTTLE_RELEASE", [keys[0], keys[1], keys[5], keys[2]],
+                            (owner, _ms(wake_after), _ms(app_settings.LEASE_SECONDS)),
+                            key.task_name)
+        if isinstance(answer, list):
+            return Released(freed=True, wake=_text(answer[1]))
+        return Released(freed=bool(answer))
 
     def throttle_renew(self, key: JobKey, owner: str, ttl: float, *, limit: int) -> Renewed:
         keys = self._slot_keys(key)

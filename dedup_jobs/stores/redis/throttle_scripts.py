@@ -202,9 +202,15 @@ return {1, now}
 # trip) and fold the run's duration into the average run ('avg') the waiters' turns are
 # planned with. The slot is free for any waiter back for its turn (see THROTTLE_ADMIT).
 # It leaves tombstones (K:done) for a lease: the grant's nonce and the owner.
-# KEYS[1] hash, KEYS[2] slots, KEYS[3] tombstones; ARGV[1] owner
+# The wake: with KEYS[4] (the waiters) and ARGV[2] > 0, the waiter of the earliest turn, if
+# that turn is more than ARGV[2] ms away (the runs ended sooner than planned), is called now:
+# its turn moves to now (so the slot waits for it, as for any waiter back for its turn) and
+# the release names it, for the front-end to bring the waiter's held message forward.
+# KEYS[1] hash, KEYS[2] slots, KEYS[3] tombstones[, KEYS[4] waiters]; ARGV[1] owner[, ARGV[2]
+# wake ms, ARGV[3] lease ms]
 # Returns 1 when the caller's slot was freed, or had been by a release this one re-sends (S7:
-# as the first), 0 when it held none (lapsed, or taken by nothing).
+# as the first; a re-send wakes nobody), 0 when it held none (lapsed, or taken by nothing),
+# {1, waiter} when it was freed and ``waiter`` was called.
 THROTTLE_RELEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -226,6 +232,15 @@ if started then
   if avg then took = math.floor(avg * 0.7 + took * 0.3) end
   redis.call('HSET', KEYS[1], 'avg', took)
   redis.call('HDEL', KEYS[1], 's:' .. ARGV[1])
+end
+local wake = tonumber(ARGV[2]) or 0
+if wake > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[3])))
+  local w = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if w[1] and tonumber(w[2]) > now + wake then
+    redis.call('ZADD', KEYS[4], now, w[1])
+    return {1, w[1]}
+  end
 end
 return 1
 """

@@ -1,0 +1,82 @@
+"""The wake (T2), Celery's side: a freed concurrency slot goes to a waiter at once rather
+than at its planned turn.
+
+A waiter deferred for a slot is published again with a countdown; a Celery worker takes such
+a message at once and holds it in its timer until the countdown ends. The turn is planned
+from the runs' average length, so a run that ends sooner leaves its slot idle until then.
+The release that frees the slot names the waiter of the earliest turn when that turn is
+further than ``WAKE_AFTER`` away, in the same round trip (it moves the waiter's turn to now
+on the store), and :func:`waker`'s function broadcasts ``dedup_jobs_wake`` with its task id.
+The worker holding that message (:func:`dedup_jobs_wake`, a remote control command, run in
+the worker's event loop) moves its timer entry to now: it is admitted as any waiter back for
+its turn. Nothing else changes: no message is added or dropped; a wake that finds no worker
+holding the message (still queued, already run, remote control off) changes nothing but the
+turn on the store, and the waiter comes back for its countdown as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery.worker import state as worker_state
+from celery.worker.control import control_command
+
+logger = logging.getLogger("dedup_jobs")
+
+COMMAND = "dedup_jobs_wake"
+
+
+def waker(app: Any) -> Callable[[str], None]:
+    """The wake of ``app``'s workers: broadcast :data:`COMMAND` for a task id (one broker
+    message, no reply awaited). It never raises: a wake that cannot be sent leaves the
+    waiter to its countdown."""
+    found = getattr(app, "_dedup_waker", None)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+
+    def wake(task_id: str) -> None:
+        try:
+            app.control.broadcast(COMMAND, arguments={"task_id": task_id})
+        except Exception:  # a wake only saves time; the countdown stays
+            logger.debug("could not wake the waiter %s; it comes back for its turn",
+                         task_id, exc_info=True)
+
+    app._dedup_waker = wake
+    return wake
+
+
+@control_command(args=[("task_id", str)], signature="<task_id>")
+def dedup_jobs_wake(state: Any, task_id: str) -> dict[str, str]:
+    """dedup_jobs: run a throttled waiter held for its countdown now (its slot is free)."""
+    timer = state.consumer.timer
+    if timer is None or isinstance(timer, threading.Thread):
+        # a timer on a thread of its own could fire the entry while it is moved: left be
+        return {"ok": "not on an event loop"}
+    scheduled = getattr(worker_state, "scheduled_requests", None)
+    if scheduled is None:  # Celery before 5.7 keeps no index of the requests it holds
+        request, entry = _held(timer, task_id)
+    else:
+        # by id among the held requests: ``worker_state.requests`` may have lost it (the
+        # deferred delivery, ending after its copy arrived, popped the id)
+        request = next((held for held in tuple(scheduled) if held.id == task_id), None)
+        entry = getattr(request, "_eta_timer_entry", None)
+    if entry is None or entry.canceled:
+        return {"ok": "not held here"}
+    timer.cancel(entry)
+    moved = timer.call_after(0, entry.fun, entry.args, entry.kwargs, priority=6)
+    if scheduled is not None:
+        request._eta_timer_entry = moved
+    return {"ok": "woken"}
+
+
+def _held(timer: Any, task_id: str) -> tuple[Any, Any]:
+    """The request of ``task_id`` held in ``timer``, and its entry (None, None: not held)."""
+    for event in timer.queue:
+        entry = event.entry
+        request = entry.args[0] if entry.args else None
+        if getattr(request, "id", None) == task_id:
+            return request, entry
+    return None, None
