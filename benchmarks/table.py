@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _args(argv)
     sizes = Sizes.quick() if args.quick else Sizes()
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{''.join(f' --skip {s}' for s in args.skip)}` at {commit}, "
           f"{time.monotonic() - started:.0f} s; Redis {server['redis_version']} at "
           f"{settings.REDIS_URL} (broker and store); {os.cpu_count()} CPUs, load "
-          f"{os.getloadavg()[0]:.2f} at the end; sizes: {sizes.describe()}")
+          f"{load:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; "
+          f"sizes: {sizes.describe()}")
     print()
     print("| figure | measured | target | met? |")
     print("|---|---|---|---|")

@@ -166,6 +166,9 @@ def idle_rows(sizes: Sizes, say: Say) -> list[Row]:
 
     got = throttle_idle.measure(messages=sizes.idle_messages, say=say)
     gaps, n = got.gaps, got.messages
+    if not gaps:
+        return [Row("a freed slot (`concurrency=1`) idle while a waiter exists",
+                    f"no gap: {len(got.runs)} runs (--quick needs >= 2 messages)", "", None)]
     low, high = min(r.end - r.start for r in got.runs), max(r.end - r.start for r in got.runs)
     measured = (f"median {_median(gaps):.2f} s, max {max(gaps):.2f} s over {len(gaps)} gaps "
                 f"(runs of {low:.1f}-{high:.1f} s); {got.store_calls} / {n} = "
