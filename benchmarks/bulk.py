@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 
@@ -63,27 +64,45 @@ def _reads() -> int:
     return int(client(STORE_DB).info("stats")["total_reads_processed"])
 
 
+@dataclass(kw_only=True)
+class Bulk:
+    """Per contender, one value per round: seconds, CPU seconds, Redis reads."""
+
+    calls: int
+    batch: int
+    rounds: int
+    seconds: dict[str, list[float]]
+    cpu: dict[str, list[float]]
+    reads: dict[str, list[int]]
+
+
+def measure(*, calls: int = 10_000, batch: int = 500, rounds: int = 5) -> Bulk:
+    client(STORE_DB).flushdb()
+    client(BROKER_DB).flushdb()
+    found = Bulk(calls=calls, batch=batch, rounds=rounds,
+                 seconds={name: [] for name in CONTENDERS},
+                 cpu={name: [] for name in CONTENDERS}, reads={name: [] for name in CONTENDERS})
+    names = list(CONTENDERS)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            before, started, used = _reads(), time.perf_counter(), time.process_time()
+            CONTENDERS[name](calls, batch)
+            found.seconds[name].append(time.perf_counter() - started)
+            found.cpu[name].append(time.process_time() - used)
+            found.reads[name].append(_reads() - before - 1)  # less the INFO that reads it
+            client(BROKER_DB).flushdb()
+            client(STORE_DB).flushdb()
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    client(STORE_DB).flushdb()
-    client(BROKER_DB).flushdb()
-    seconds: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-    cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
-    reads: dict[str, list[int]] = {name: [] for name in CONTENDERS}
-    names = list(CONTENDERS)
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            before, started, used = _reads(), time.perf_counter(), time.process_time()
-            CONTENDERS[name](args.calls, args.batch)
-            seconds[name].append(time.perf_counter() - started)
-            cpu[name].append(time.process_time() - used)
-            reads[name].append(_reads() - before - 1)  # less the INFO that reads the count
-            client(BROKER_DB).flushdb()
-            client(STORE_DB).flushdb()
+    found = measure(calls=args.calls, batch=args.batch, rounds=args.rounds)
+    seconds, cpu, reads, names = found.seconds, found.cpu, found.reads, list(CONTENDERS)
     base = statistics.median(seconds["plain Celery, delay"])
     one = statistics.median(seconds["UniqueJob, delay"])
     print(f"{args.calls:,} dispatches of distinct keys, batches of {args.batch}, "

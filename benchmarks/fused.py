@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -162,11 +163,19 @@ def _interleaved(n: int, names: list[str], offset: int) -> dict[str, list[float]
     return timed
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=500)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args(argv)
+@dataclass(kw_only=True)
+class Fused:
+    """Per contender: µs per dispatch (median over rounds of each round's median), round
+    trips and MONITOR commands per dispatch."""
+
+    batch: int
+    rounds: int
+    micros: dict[str, float]
+    trips: dict[str, float]
+    commands: dict[str, float]
+
+
+def measure(*, batch: int = 500, rounds: int = 7) -> Fused:
     _empty()
     for call in CONTENDERS.values():  # scripts loaded, servers compared, connections made
         call()
@@ -174,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     micros: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     trips: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     names = list(CONTENDERS)
-    for r in range(args.rounds):
+    for r in range(rounds):
         _hold()
-        for name, values in _interleaved(args.batch, names, r).items():
+        for name, values in _interleaved(batch, names, r).items():
             micros[name].append(statistics.median(values))
         _empty()
     for name in names:  # round trips: one contender at a time, counted on the server
@@ -186,7 +195,19 @@ def main(argv: list[str] | None = None) -> int:
     _hold()
     commands = {name: _monitored(CONTENDERS[name]) for name in names}
     _empty()
-    mid = {name: statistics.median(micros[name]) for name in names}
+    return Fused(batch=batch, rounds=rounds,
+                 micros={name: statistics.median(micros[name]) for name in names},
+                 trips={name: statistics.median(trips[name]) for name in names},
+                 commands=commands)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+    found = measure(batch=args.batch, rounds=args.rounds)
+    mid, names = found.micros, list(CONTENDERS)
     print(f"{args.batch} dispatches per round, median of {args.rounds} rounds; one Redis "
           f"(broker db {BROKER_DB}, store db {STORE_DB}); round trips: the server's "
           f"total_reads_processed per dispatch; commands: MONITOR, per dispatch")
@@ -195,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|")
     for name in names:
         print(f"| {name} | {mid[name]:.1f} | {mid[name] / mid[PLAIN]:.2f}x | "
-              f"{statistics.median(trips[name]):.2f} | {commands[name]:.2f} |")
+              f"{found.trips[name]:.2f} | {found.commands[name]:.2f} |")
     print()
     print(f"fused first dispatch / plain Celery publish: {mid[FUSED]:.1f} / {mid[PLAIN]:.1f} "
           f"= {mid[FUSED] / mid[PLAIN]:.3f} (target <= 1.05)")

@@ -11,12 +11,14 @@ broker's LPUSHes onto the queue (the first publish of every message plus every d
 Run (it flushes Redis databases 9-12 of DEDUP_JOBS_TEST_REDIS, like the tests; use a Redis
 of your own):
     DEDUP_JOBS_TEST_REDIS=redis://127.0.0.1:<port> DEDUP_JOBS_TEST_QUEUE=bench_throttle \\
-        uv run python benchmarks/throttle.py [--messages 1000] [--only concurrency|rate]
+        uv run python benchmarks/throttle.py [--messages 1000] [--only concurrency|rate] \\
+        [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -94,9 +96,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--only", choices=("concurrency", "rate"))
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the rows (drain()'s dicts) to PATH, for benchmarks.table")
     options = parser.parse_args()
     cases = [options.only] if options.only else ["concurrency", "rate"]
     rows = [drain(case, options.messages) for case in cases]
+    if options.json:
+        Path(options.json).write_text(json.dumps({"body": BODY, "rows": rows}))
     head = ("limit", "messages", "drain s", "admissions", "releases", "renewals",
             "store calls", "per msg", "wakes", "broker msgs", "per msg", "deferrals", "per msg")
     print("| " + " | ".join(head) + " |")

@@ -134,32 +134,40 @@ def one_round(
     )
 
 
+MODES = {"end to end": False, "drain": True}  # mode: staged first (drain) or not
+
+
 def run_throughput(
-    found: list[Contender], *, rounds: int, messages: int, say: Callable[[str], None]
+    found: list[Contender],
+    *,
+    rounds: int,
+    messages: int,
+    say: Callable[[str], None],
+    modes: tuple[str, ...] = tuple(MODES),
 ) -> dict[str, dict[str, Rounds]]:
     fresh = count(1)
-    samples = {mode: {c.name: Rounds() for c in found} for mode in ("end to end", "drain")}
+    samples = {mode: {c.name: Rounds() for c in found} for mode in modes}
     server = redis_pid()
     with worker(
         concurrency=2, lease=LEASE_SECONDS, include="benchmarks.throughput_jobs", env=WORKER_ENV
     ) as proc:
         for contender in found:  # warm up: connections, scripts, the pool processes
-            for drain in (False, True):
+            for mode in modes:
                 one_round(
                     contender,
                     [next(fresh) for _ in range(50)],
-                    drain=drain,
+                    drain=MODES[mode],
                     worker_pid=proc.pid,
                     server_pid=server,
                 )
         for round_no in range(rounds):
             shift = round_no % len(found)
             for contender in found[shift:] + found[:shift]:
-                for mode, drain in (("end to end", False), ("drain", True)):
+                for mode in modes:
                     seconds, wcpu, rcpu = one_round(
                         contender,
                         [next(fresh) for _ in range(messages)],
-                        drain=drain,
+                        drain=MODES[mode],
                         worker_pid=proc.pid,
                         server_pid=server,
                     )
