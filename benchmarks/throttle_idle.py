@@ -12,8 +12,8 @@ slot's idle time plus that release's round trip.
 
 Counted on the Redis server as ``benchmarks/throttle.py`` counts them (MONITOR, in a thread,
 ``tests/throttle_support.ServerCounts``): the store's EVALSHAs per script (admissions,
-releases, renewals) and the broker's LPUSHes onto the queue (one per message plus one per
-deferral).
+releases, renewals), the broker's LPUSHes onto the queue (one per message plus one per
+deferral) and the wakes (a PUBLISH of ``dedup_jobs_wake`` on the workers' control channel).
 
 The lease is ``--lease`` seconds (default 60, the default LEASE_SECONDS, as in
 ``benchmarks/throttle.py``): a waiter's countdown is capped at a third of the lease (the
@@ -68,7 +68,8 @@ class Idle:
     runs: list[Run] = field(default_factory=list)
     scripts: Counter[str] = field(default_factory=Counter)
     other_store: int = 0
-    published: int = 0
+    published: int = 0  # LPUSH onto the queue + wakes
+    wakes: int = 0  # PUBLISH of dedup_jobs_wake on the workers' control channel
 
     @property
     def gaps(self) -> list[float]:
@@ -137,7 +138,8 @@ def measure(
     )
     found.scripts = Counter(counts.scripts)
     found.other_store = sum(counts.other_store.values())
-    found.published = counts.published
+    found.published = counts.published + counts.wakes
+    found.wakes = counts.wakes
     clean()
     return found
 
@@ -173,7 +175,8 @@ def lines(found: Idle) -> list[str]:
         f"- store calls: {admissions} admissions + {found.scripts['THROTTLE_RELEASE']} "
         f"releases + {found.scripts['THROTTLE_RENEW']} renewals + {found.other_store} other "
         f"= {found.store_calls} / {n} messages = {found.store_calls / n:.2f} per message",
-        f"- broker messages: {found.published} LPUSH / {n} messages = "
+        f"- broker messages: {found.published - found.wakes} LPUSH + {found.wakes} wakes = "
+        f"{found.published} / {n} messages = "
         f"{found.published / n:.2f} per message ({admissions - n} deferrals)",
     ]
     return out

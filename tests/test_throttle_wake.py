@@ -14,7 +14,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from dedup_jobs.stores import get_store
-from dedup_jobs.stores.throttling import WAKE_AFTER
+from dedup_jobs.stores.throttling import TURN_FACTOR, TURN_PAD, WAKE_AFTER, WAKE_STRETCH
 from tests import jobs, jobs_throttle
 from tests.test_throttle_worker import _env
 from tests.workers import process_worker, wait_for
@@ -59,3 +59,73 @@ def test_a_freed_slot_is_taken_by_its_waiter_at_once(app: Any) -> None:
     assert b_start - a_end < 1.0, (b_start - a_end, turn - a_end)
     assert b_start < turn - 1.0, (b_start, turn)
 
+
+
+def _admit(store: Any, key: Any, owner: str, *, wakes: bool = False) -> Any:
+    return store.throttle_admit(key, owner, delivery=f"d-{owner}-{time.monotonic_ns()}",
+                                concurrency=1, rate_limit=0, rate_period=1.0, lease=60,
+                                wakes=wakes)
+
+
+def _keys(avg_ms: int) -> tuple[Any, Any, Any]:
+    """The Redis store, a fresh throttle key of concurrency 1, its physical hash and waiters,
+    the key's average run set to ``avg_ms``."""
+    store = get_store("redis")
+    key = jobs_throttle.one_at_once.throttle_key((), {})
+    server = redis.Redis.from_url(f"{settings.REDIS_URL}/9")
+    physical = store._throttle_keys(key)
+    server.delete(*physical[:6])
+    server.hset(physical[0], "avg", avg_ms)
+    return store, key, physical
+
+
+@pytest.mark.redis
+def test_a_release_calls_the_waiter_of_the_earliest_turn(app: Any) -> None:
+    """THROTTLE_RELEASE with the wake: the waiter of the earliest turn (seconds away: the
+    runs were planned at 4 s) is named and its turn moved to now, so it is admitted when it
+    comes; a later waiter keeps its turn; the release re-sent (S7: its reply lost) answers as
+    the first, freed, and calls nobody again; a plain release calls nobody."""
+    store, key, physical = _keys(4000)
+    server = redis.Redis.from_url(f"{settings.REDIS_URL}/9")
+    assert _admit(store, key, "a").admitted
+    assert not _admit(store, key, "b").admitted and not _admit(store, key, "c").admitted
+    turns = {m.decode(): s for m, s in server.zrange(physical[2], 0, -1, withscores=True)}
+    assert turns["b"] < turns["c"] and turns["b"] / 1000 - time.time() > 4, turns
+    released = store.throttle_release_waking(key, "a", WAKE_AFTER)
+    assert (bool(released), released.wake) == (True, "b")
+    assert float(server.zscore(physical[2], "b") or 0) / 1000 <= time.time() + 0.05
+    assert float(server.zscore(physical[2], "c") or 0) == turns["c"]
+    again = store.throttle_release_waking(key, "a", WAKE_AFTER)
+    assert (bool(again), again.wake) == (True, None)
+    assert _admit(store, key, "b").admitted  # back at once: its turn is now
+    assert store.throttle_release(key, "b") is True  # the plain release: a bool, no wake
+
+
+@pytest.mark.redis
+def test_a_turn_due_soon_calls_nobody(app: Any) -> None:
+    """Runs of 30 ms: the waiter's turn is well within WAKE_AFTER: it comes by itself, no
+    wake (a broker message) is spent on it."""
+    store, key, _physical = _keys(30)
+    assert _admit(store, key, "a").admitted and not _admit(store, key, "b").admitted
+    released = store.throttle_release_waking(key, "a", WAKE_AFTER)
+    assert (bool(released), released.wake) == (True, None)
+
+
+@pytest.mark.parametrize(("avg_ms", "stretched"), [(1000, True), (30, False)])
+@pytest.mark.redis
+def test_a_woken_front_end_plans_long_turns_later(app: Any, avg_ms: int,
+                                                  stretched: bool) -> None:
+    """WAKE_STRETCH: where waiters are woken, a turn is planned twice as far (a turn planned
+    too late costs nothing then), if that puts it more than WAKE_AFTER later; runs of 30 ms
+    keep the plain plan (their wake would cost a message per run)."""
+    waits = {}
+    for wakes in (False, True):
+        store, key, _physical = _keys(avg_ms)
+        assert _admit(store, key, "a", wakes=wakes).admitted
+        deferred = _admit(store, key, "b", wakes=wakes)
+        assert not deferred.admitted
+        waits[wakes] = deferred.until - time.time()
+    step = (avg_ms * TURN_FACTOR + TURN_PAD * 1000) / 1000
+    assert abs(waits[False] - step) < 0.1 + step / 10, waits  # the jitter: a tenth of a step
+    expected = step * WAKE_STRETCH if stretched else step
+    assert abs(waits[True] - expected) < 0.1 + step / 10, waits

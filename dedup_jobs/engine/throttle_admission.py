@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from dedup_jobs import clock, metrics
 from dedup_jobs.conf import app_settings
@@ -33,16 +34,19 @@ class Throttled:
 
 
 def admit(message: Message, key: JobKey, alias: str, store: BaseStore, *, concurrency: int,
-          rate: Rate | None, again: Callable[[float], None]) -> Throttled:
-    """Admit ``message`` under the throttle key ``key`` (see the module docstring)."""
+          rate: Rate | None, again: Callable[[float], None], wakes: bool = False) -> Throttled:
+    """Admit ``message`` under the throttle key ``key`` (see the module docstring).
+    ``wakes``: the front-end brings a waiter's message forward when a release calls it (the
+    wake, ``release_slot``); a store that can wake then plans a waiter's turn later."""
     owner = message.owner
     delivery = new_request_id()
 
     def ask(through: BaseStore) -> Admission:
-        return through.throttle_admit(
+        extra = {"wakes": True} if wakes and getattr(through, "can_wake", False) else {}
+        return cast(Any, through).throttle_admit(  # type: ignore[no-any-return]
             key, owner, delivery=delivery, concurrency=concurrency,
             rate_limit=rate.limit if rate else 0, rate_period=rate.period if rate else 1.0,
-            lease=app_settings.LEASE_SECONDS)
+            lease=app_settings.LEASE_SECONDS, **extra)
 
     try:
         answer = ask(store)

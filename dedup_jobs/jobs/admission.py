@@ -53,6 +53,7 @@ from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.cancel import REPLACING, releases_on_start, runs_exclusive
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
 from dedup_jobs.jobs.request import REDELIVERED, finished, is_redelivered
+from dedup_jobs.jobs.wake import wakeable
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import (
     job_deferred,
@@ -245,7 +246,8 @@ def admit_throttle(
                        "unthrottled.", job.name, message.owner, alias)
         return None
     throttled = throttle_admission.admit(message, key, alias, store,
-                                         concurrency=concurrency, rate=rate, again=again)
+                                         concurrency=concurrency, rate=rate, again=again,
+                                         wakes=wakeable(job.app))
     if throttled.waits:
         raise Ignore()
     return throttled.slot

@@ -23,10 +23,21 @@ from typing import Any
 
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
+from kombu.utils.compat import detect_environment
 
 logger = logging.getLogger("dedup_jobs")
 
 COMMAND = "dedup_jobs_wake"
+
+
+def wakeable(app: Any) -> bool:
+    """Can ``app``'s workers be woken? Their remote control is on and they run an event loop
+    (not under eventlet or gevent, whose timers this does not move). Read once per app."""
+    found = getattr(app, "_dedup_wakeable", None)
+    if found is None:
+        found = bool(app.conf.worker_enable_remote_control) and detect_environment() == "default"
+        app._dedup_wakeable = found
+    return bool(found)
 
 
 def waker(app: Any) -> Callable[[str], None]:

@@ -24,6 +24,12 @@ HELD_BACK = 4
 #: not idle until the planned turn. A turn sooner than this is left to come by itself.
 WAKE_AFTER = 0.1
 
+#: where waiters are woken (the Celery front-end on a store that can wake), a waiter's turn is
+#: planned this many steps after the one it follows when that puts it more than WAKE_AFTER
+#: later: a turn planned too late costs nothing then (the release calls the waiter), one
+#: planned too early costs a deferral more. Runs shorter than that keep the plain plan.
+WAKE_STRETCH = 2
+
 
 def limit_text(concurrency: int, rate_limit: int, rate_period: float) -> str:
     """The limit as the admin shows it: "concurrency 2", "10/s", "concurrency 2, 10/s"."""

@@ -63,7 +63,7 @@ class RedisThrottleMixin:
 
     def admit_arguments(
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
-        rate_period: float, lease: float, deadline_ms: int,
+        rate_period: float, lease: float, deadline_ms: int, wakes: bool = False,
     ) -> tuple[Any, ...]:
         """THROTTLE_ADMIT's ARGV, in the one place that knows their order (the admin's
         scale test fills its keys with it too)."""
@@ -73,17 +73,22 @@ class RedisThrottleMixin:
             _ms(THROTTLE_GRACE), plan.limit_text(concurrency, rate_limit, rate_period),
             _ms(plan.ASSUMED_RUN), plan.margin_ms(rate_limit, rate_period),
             f"{random.random():.6f}", plan.TURN_FACTOR, _ms(plan.TURN_PAD), plan.HELD_BACK,
+            plan.WAKE_STRETCH if wakes else 0, _ms(plan.WAKE_AFTER),
         )
 
     def throttle_admit(
         self, key: JobKey, owner: str, *, delivery: str, concurrency: int, rate_limit: int,
-        rate_period: float, lease: float,
+        rate_period: float, lease: float, wakes: bool = False,
     ) -> Admission:
+        """See :meth:`BaseStore.throttle_admit`; ``wakes``: the caller's front-end brings a
+        waiter forward when a release calls it (:meth:`throttle_release_waking`), so its turn
+        is planned later on purpose (``WAKE_STRETCH``)."""
         keys = self._throttle_keys(key)
         for _attempt in range(2):
             answer = self._eval("THROTTLE_ADMIT", keys, self.admit_arguments(
                 key, owner, delivery=delivery, concurrency=concurrency, rate_limit=rate_limit,
                 rate_period=rate_period, lease=lease, deadline_ms=self.deadline_ms(),
+                wakes=wakes,
             ), key.task_name)
             if answer[0] == 1:
                 return Admission(admitted=True, held=len(answer) > 2 and answer[2] == 1)

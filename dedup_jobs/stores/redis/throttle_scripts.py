@@ -37,7 +37,10 @@ from dedup_jobs.stores.redis.trim import trim_lua
 # margin ms, ARGV[15] a random fraction in [0, 1): the jitter of a turn (up to a tenth of a
 # step + 10 ms, at most 1 s), part of the waiter's turn, ARGV[16] the turn factor and
 # ARGV[17] the turn pad ms (a step, the time a slot is planned for per run, is the average
-# run x the factor + the pad), ARGV[18] the held-back factor (see below)
+# run x the factor + the pad), ARGV[18] the held-back factor (see below), ARGV[19] the wake's
+# stretch (0: the caller's front-end cannot be woken; else a waiter's turn is planned this
+# many steps after the one it follows, where that puts it more than ARGV[20], the wake's
+# threshold ms, later: the release that frees its slot calls it, THROTTLE_RELEASE)
 # Concurrency: the waiters' turns are a plan of N lanes (one per slot): a waiter's turn is
 # one step after the N-th latest planned start (running slots' starts, other waiters'
 # turns); a waiter back for its turn takes any free slot; a newcomer takes a free slot only
@@ -117,8 +120,15 @@ if n > 0 then
     local missing
     if late[1] and late[1] ~= owner then missing = tonumber(late[2])
     elseif late[3] then missing = tonumber(late[4]) end
+    local stretch = tonumber(ARGV[19]) or 0
     local function plan()
-      local at = math.max(now + margin, (nth or now) + step)
+      local ahead = step
+      -- stretched where the release would call it: the stretch is more than the wake's
+      -- threshold (short runs keep the plain plan: a wake per run would cost a message each)
+      if stretch > 0 and (stretch - 1) * step > tonumber(ARGV[20]) then
+        ahead = math.ceil(step * stretch)
+      end
+      local at = math.max(now + margin, (nth or now) + ahead)
       if missing then
         -- held back as that one is, several times as long again (at most a quarter of the
         -- longest wait, so that the turns planned after it stay within the longest wait)
