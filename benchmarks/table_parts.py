@@ -189,7 +189,7 @@ def throttle_rows(sizes: Sizes, say: Say) -> list[Row]:
     say(f"  throttle: concurrency=2 drain of {n} messages (python -m benchmarks.throttle)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "throttle.json"
-        cmd = [sys.executable, "-m", "benchmarks.throttle", "--only", "concurrency",
+        cmd = [sys.executable, "-m", "benchmarks.throttle", "--only", "concurrency,plain",
                "--messages", str(n), "--json", str(out)]
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -206,9 +206,11 @@ def throttle_rows(sizes: Sizes, say: Say) -> list[Row]:
         if proc.returncode:
             raise RuntimeError(f"benchmarks.throttle exited {proc.returncode}: {printed[-2000:]}")
         data = json.loads(out.read_text())
-    row = data["rows"][0]
+    row, plain = data["rows"][0], data["rows"][1]
     full = n * float(data["body"]) / 2  # two slots always busy
     text, r = frac(full, row["seconds"], "s", 2)
+    plain_text, _ = frac(plain["seconds"], row["seconds"], "s", 2)
+    text += f"; plain Celery -c 2 (the practical full rate): {plain_text}"
     calls = row["admissions"] + row["releases"] + row["renewals"] + row["other"]
     published = row["published"]
     return [

@@ -6,7 +6,10 @@ a thread): the store's EVALSHAs per script (admissions, slot releases, renewals)
 broker's LPUSHes onto the queue (the first publish of every message plus every deferral).
 
 - ``concurrency=2``, a 20 ms body: the drain takes >= 1,000 x 0.02 / 2 = 10 s;
-- ``throttle="10/s"``, an empty body: the drain takes >= 99.9 s (100 windows of 10 starts).
+- ``throttle="10/s"``, an empty body: the drain takes >= 99.9 s (100 windows of 10 starts);
+- the reference (``--only plain``): the same 1,000 messages of a plain Celery task with the
+  20 ms body on a worker with 2 processes, nothing throttled: the practical full rate of two
+  slots on this machine (>= 10 s; Celery's own time per task is in it).
 
 Run (it flushes Redis databases 9-12 of DEDUP_JOBS_TEST_REDIS, like the tests; use a Redis
 of your own):
@@ -56,19 +59,26 @@ def drain(case: str, messages: int) -> dict[str, Any]:
     counts = ServerCounts(store_db=9, broker_db=10, queue=queue)
     env = {"DJANGO_SETTINGS_MODULE": "tests.settings_throttle", "DEDUP_JOBS_TEST_LEASE": "60",
            "DEDUP_JOBS_TEST_FLOW_STORE": "redis"}
+    processes = 4
     if case == "concurrency":
         task: Any = jobs_throttle.bench_two_at_once
         def one(i: int) -> Any:
             return task.delay(tag=i, seconds=BODY)
         limit = "concurrency=2"
+    elif case == "plain":
+        # the practical full rate: plain Celery tasks, two processes, nothing throttled
+        task = jobs_throttle.bench_plain_sleep
+        def one(i: int) -> Any:
+            return task.delay(tag=i, seconds=BODY)
+        limit, processes = "none: plain Celery, -c 2", 2
     else:
         task = jobs_throttle.bench_ten_per_second
         def one(i: int) -> Any:
             return task.delay(tag=i)
         limit = 'throttle="10/s"'
     seconds: list[float] = []
-    with process_worker(concurrency=4, env=env):
-        task.delay(tag=-1).get(timeout=60) if case == "concurrency" else None
+    with process_worker(concurrency=processes, env=env):
+        task.delay(tag=-1).get(timeout=60) if case != "rate" else None
         time.sleep(1.1)
 
         def run() -> None:
@@ -95,11 +105,14 @@ def drain(case: str, messages: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1000)
-    parser.add_argument("--only", choices=("concurrency", "rate"))
+    parser.add_argument("--only", help="comma-separated cases: concurrency, plain, rate")
     parser.add_argument("--json", metavar="PATH",
                         help="also write the rows (drain()'s dicts) to PATH, for benchmarks.table")
     options = parser.parse_args()
-    cases = [options.only] if options.only else ["concurrency", "rate"]
+    cases = options.only.split(",") if options.only else ["concurrency", "plain", "rate"]
+    unknown = set(cases) - {"concurrency", "plain", "rate"}
+    if unknown:
+        parser.error(f"--only: unknown case(s) {sorted(unknown)}; use concurrency, plain, rate")
     rows = [drain(case, options.messages) for case in cases]
     if options.json:
         Path(options.json).write_text(json.dumps({"body": BODY, "rows": rows}))
@@ -110,7 +123,7 @@ def main() -> None:
     for row in rows:
         n = row["messages"]
         calls = row["admissions"] + row["releases"] + row["renewals"] + row["other"]
-        deferrals = row["admissions"] - n
+        deferrals = row["admissions"] - n if row["admissions"] else 0
         print("| " + " | ".join([
             row["limit"], str(n), f"{row['seconds']:.1f}", str(row["admissions"]),
             str(row["releases"]), str(row["renewals"]), str(calls), f"{calls / n:.2f}",
@@ -119,8 +132,16 @@ def main() -> None:
             f"{deferrals / n:.2f}",
         ]) + " |")
     print()
+    plain = next((row for row in rows if row["limit"].startswith("none")), None)
     for row in rows:
         n = row["messages"]
+        if row is plain:
+            continue
+        if plain is not None and row["limit"] == "concurrency=2":
+            print(f"concurrency=2 drain x the plain -c 2 drain's rate: {plain['seconds']:.1f} s "
+                  f"/ {row['seconds']:.1f} s = {plain['seconds'] / row['seconds']:.2f}; x the "
+                  f"slots' full rate: {n * BODY / 2:.1f} s / {row['seconds']:.1f} s = "
+                  f"{n * BODY / 2 / row['seconds']:.2f}")
         calls = row["admissions"] + row["releases"] + row["renewals"] + row["other"]
         within = calls <= 3 * n and row["published"] <= 3 * n
         print(f"{row['limit']}: {calls} store calls / {n} messages = {calls / n:.3f}, "

@@ -54,6 +54,13 @@ def bench_two_at_once(tag: int = 0, seconds: float = 0.0) -> int:
     return tag
 
 
+@shared_task(name="tests.bench_plain_sleep")
+def bench_plain_sleep(tag: int = 0, seconds: float = 0.0) -> int:
+    """benchmarks/throttle.py's reference: a plain Celery task, no limit."""
+    time.sleep(seconds)
+    return tag
+
+
 @shared_task(base=ThrottledJob, name="tests.bench_ten_per_second", throttle="10/s")
 def bench_ten_per_second(tag: int = 0) -> int:
     return tag
