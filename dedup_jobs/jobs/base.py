@@ -16,7 +16,7 @@ from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.jobs.calls import checked_calls, refuse_one_message_options
-from dedup_jobs.jobs.wake import waker
+from dedup_jobs.jobs.wake import wakeable, waker
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -211,10 +211,11 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         headers[HEADER] = header
         return {**options, "headers": headers}
 
-    def waker(self) -> Callable[[str], None]:
+    def waker(self) -> Callable[[str], None] | None:
         """T2's wake for this job's app: a release that calls a waiter brings its held
-        message forward (``jobs/wake.py``)."""
-        return waker(self.app)
+        message forward (``jobs/wake.py``); None where its workers cannot be woken (then a
+        release calls nobody)."""
+        return waker(self.app) if wakeable(self.app) else None
 
     def publish_again(self, args: Any, kwargs: Any, countdown: float,
                       finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:

@@ -31,11 +31,19 @@ COMMAND = "dedup_jobs_wake"
 
 
 def wakeable(app: Any) -> bool:
-    """Can ``app``'s workers be woken? Their remote control is on and they run an event loop
-    (not under eventlet or gevent, whose timers this does not move). Read once per app."""
+    """Can ``app``'s workers be woken? Their remote control is on, their broker's transport
+    is asynchronous (the worker runs an event loop, whose timer the command moves) and has a
+    fanout exchange (the broadcast; Celery starts no remote control without one), and they
+    do not run under eventlet or gevent. Read once per app."""
     found = getattr(app, "_dedup_wakeable", None)
     if found is None:
         found = bool(app.conf.worker_enable_remote_control) and detect_environment() == "default"
+        if found:
+            try:
+                implements = app.connection_for_read().transport.implements
+                found = bool(implements.asynchronous) and "fanout" in implements.exchange_type
+            except Exception:  # no broker to name: no wake (the plain plan)
+                found = False
         app._dedup_wakeable = found
     return bool(found)
 
@@ -74,7 +82,10 @@ def dedup_jobs_wake(state: Any, task_id: str) -> dict[str, str]:
         # deferred delivery, ending after its copy arrived, popped the id)
         request = next((held for held in tuple(scheduled) if held.id == task_id), None)
         entry = getattr(request, "_eta_timer_entry", None)
-    if entry is None or entry.canceled:
+    if entry is None or entry.canceled or not any(e.entry is entry for e in timer._queue):
+        # not (or no longer) waiting in the timer: its countdown ended (with a rate limit,
+        # Celery keeps it scheduled in its bucket until it starts; moved again, it would run
+        # twice)
         return {"ok": "not held here"}
     timer.cancel(entry)
     moved = timer.call_after(0, entry.fun, entry.args, entry.kwargs, priority=6)

@@ -212,10 +212,13 @@ return {1, now}
 # trip) and fold the run's duration into the average run ('avg') the waiters' turns are
 # planned with. The slot is free for any waiter back for its turn (see THROTTLE_ADMIT).
 # It leaves tombstones (K:done) for a lease: the grant's nonce and the owner.
-# The wake: with KEYS[4] (the waiters) and ARGV[2] > 0, the waiter of the earliest turn, if
-# that turn is more than ARGV[2] ms away (the runs ended sooner than planned), is called now:
-# its turn moves to now (so the slot waits for it, as for any waiter back for its turn) and
-# the release names it, for the front-end to bring the waiter's held message forward.
+# The wake: with KEYS[4] (the waiters) and ARGV[2] > 0, if fewer waiters are on their way
+# (a turn within ARGV[2] ms of now either side, one called by an earlier release included)
+# than slots are free, the waiter of the earliest turn more than ARGV[2] ms away (the runs
+# ended sooner than planned) is called now: its turn moves to now (so the slot waits for it,
+# as for any waiter back for its turn) and the release names it, for the front-end to bring
+# the waiter's held message forward. A waiter late by more than ARGV[2] ms is missing (held
+# back behind a burst, revoked, lost): it neither takes a slot nor blocks a wake.
 # KEYS[1] hash, KEYS[2] slots, KEYS[3] tombstones[, KEYS[4] waiters]; ARGV[1] owner[, ARGV[2]
 # wake ms, ARGV[3] lease ms]
 # Returns 1 when the caller's slot was freed, or had been by a release this one re-sends (S7:
@@ -246,10 +249,17 @@ end
 local wake = tonumber(ARGV[2]) or 0
 if wake > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. (now - tonumber(ARGV[3])))
-  local w = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  if w[1] and tonumber(w[2]) > now + wake then
-    redis.call('ZADD', KEYS[4], now, w[1])
-    return {1, w[1]}
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  -- the waiters on their way (a turn within the threshold either side of now, a waiter
+  -- called by an earlier release included) take the free slots first; one later than that
+  -- is missing (held back, revoked, lost) and calls for nobody
+  local free = (tonumber(redis.call('HGET', KEYS[1], 'n')) or 1) - redis.call('ZCARD', KEYS[2])
+  if redis.call('ZCOUNT', KEYS[4], now - wake, now + wake) < free then
+    local w = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. (now + wake), '+inf', 'LIMIT', 0, 1)
+    if w[1] then
+      redis.call('ZADD', KEYS[4], now, w[1])
+      return {1, w[1]}
+    end
   end
 end
 return 1
