@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, TypeVar
 
-from kombu.utils.json import dumps, loads
+from kombu.utils.json import JSONEncoder, loads
 
+from dedup_jobs.conf import app_settings
 from dedup_jobs.keys import JobKey
 
 QUEUED = "queued"
@@ -268,8 +269,6 @@ CLAIMED, WAIT, MISSING, OTHER, ADOPTED = ClaimAnswer
 def stale_grace() -> float:
     """D9: seconds past its due time after which a burst no worker claimed is stale (its
     message is taken as lost) and the next dispatch of its id starts a new burst."""
-    from dedup_jobs.conf import app_settings
-
     return app_settings.LEASE_SECONDS
 
 
@@ -308,7 +307,13 @@ def encode_call(
     call: list[Any] = [list(args or ()), dict(kwargs or {})]
     if chain:
         call.append(list(chain))
-    return str(dumps(call))
+    return _ENCODER.encode(call)
+
+
+#: kombu's ``dumps(value)`` is ``json.dumps(value, cls=kombu's JSONEncoder)``, which builds
+#: this very encoder (json's default options) for every call: built once here instead (its
+#: ``default`` reads kombu's registered types at each call, as before)
+_ENCODER = JSONEncoder()
 
 
 def decode_call(payload: str | bytes) -> tuple[CallArgs, dict[str, Any]]:
