@@ -308,6 +308,7 @@ def test_store_a_late_earliest_waiter_does_not_block_the_wake(app: Any) -> None:
 
 
 @pytest.mark.redis
+@pytest.mark.matrix  # a probe that found nothing: the slow step keeps it
 def test_holds_a_retry_keeps_its_slot_and_the_waiter_is_woken_once(app: Any) -> None:
     """HOLDS (passes): A retries with a countdown (keeps its slot, T2); B, deferred meanwhile,
     is not woken by the retry (no release) and runs once, after A's second attempt, soon
@@ -337,6 +338,7 @@ def test_holds_a_retry_keeps_its_slot_and_the_waiter_is_woken_once(app: Any) -> 
 
 
 @pytest.mark.redis
+@pytest.mark.matrix  # a probe that found nothing: the slow step keeps it
 def test_holds_a_drain_with_cut_countdowns_runs_each_once(app: Any) -> None:
     """HOLDS (passes): without Celery's rate_limit, wakes racing with ETAs that fire early
     (lease 3 s: a wait is cut to 1 s, the stretched turns are seconds away, so waiters keep
