@@ -16,7 +16,7 @@ from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RELEASED, BaseStore
 from dedup_jobs.stores.protocols import missing
-from dedup_jobs.stores.throttling import HELD_BACK
+from dedup_jobs.stores.throttling import HELD_BACK, WAKE_AFTER
 from tests import jobs_throttle
 from tests.conftest import ALL_STORE_PARAMS, CANNOT_THROTTLE, DATABASE_STORE_PARAMS, store_fixture
 from tests.fates_model import past_deadline
@@ -70,6 +70,42 @@ def test_concurrency_slots(store_name: str) -> None:
     _sleep_until(third.until)  # back for its turn
     assert admit(store, key, "c", n=2).admitted
     assert not admit(store, key, "d", n=2).admitted
+
+
+def test_a_release_that_can_wake_calls_the_earliest_waiter(store_name: str) -> None:
+    """T2, the wake (docs/throttling.md#wake), on every store: a store that can wake
+    (``can_wake``) frees the slot and, in the same call, calls the waiter of the earliest
+    turn seconds away (a run of 0.6 s measured: turns ~1.45 s apart where waiters are woken),
+    moving its turn to now: it is admitted at once, ahead of the plan (a second waiter's
+    turn after it); the call re-sent (its reply lost, S7)
+    answers freed and calls nobody again. A store that cannot wake has no such call (the
+    engine then releases the plain way)."""
+    store = _store(store_name)
+    if not getattr(store, "can_wake", False):
+        assert not hasattr(store, "throttle_release_waking"), store_name
+        return
+    key = jobs_throttle.one_at_once.throttle_key((), {})
+    wakes = {"wakes": True}
+    assert store.throttle_admit(key, "w", delivery="d-w", concurrency=1, rate_limit=0,
+                                rate_period=1.0, lease=60, **wakes).admitted
+    time.sleep(0.6)  # a run of 0.6 s: the key's measured average
+    assert store.throttle_release(key, "w")
+    assert store.throttle_admit(key, "a", delivery="d-a", concurrency=1, rate_limit=0,
+                                rate_period=1.0, lease=60, **wakes).admitted
+    waiter = store.throttle_admit(key, "b", delivery="d-b", concurrency=1, rate_limit=0,
+                                  rate_period=1.0, lease=60, **wakes)
+    assert (waiter.admitted, waiter.reason) == (False, "concurrency")
+    assert waiter.until - time.time() > 1.0  # 2 x (1.2 x 600 ms + 5 ms), less the time since
+    # a second waiter, planned after b: without the move, b back early would leave the slot
+    # to the plan (deferred again)
+    assert not store.throttle_admit(key, "c", delivery="d-c", concurrency=1, rate_limit=0,
+                                    rate_period=1.0, lease=60, **wakes).admitted
+    released = store.throttle_release_waking(key, "a", WAKE_AFTER)
+    assert (bool(released), released.wake) == (True, "b")
+    assert store.throttle_admit(key, "b", delivery="d-b2", concurrency=1, rate_limit=0,
+                                rate_period=1.0, lease=60, **wakes).admitted
+    again = store.throttle_release_waking(key, "a", WAKE_AFTER)
+    assert (bool(again), again.wake) == (True, None)
 
 
 def test_slot_is_a_lease(store_name: str) -> None:
