@@ -22,6 +22,12 @@ from tests.workers import process_worker, wait_for
 EXTRA = ("-I", "tests.jobs_wake_redteam")
 
 
+def _scheduled(app: Any) -> set[str]:
+    """The task ids the workers hold for a countdown (``inspect scheduled``)."""
+    replies = app.control.inspect(timeout=1.0).scheduled() or {}
+    return {entry["request"]["id"] for held in replies.values() for entry in held}
+
+
 def _records(name: str) -> list[Any]:
     return [literal_eval(value) for value in jobs.runs(name)]
 
@@ -142,7 +148,8 @@ def test_a_late_earliest_waiter_does_not_block_later_wakes(app: Any) -> None:
             wait_for(lambda: server.zscore(wait_key, b.id) is not None, timeout=10)
             c = task.delay(tag=3)
             wait_for(lambda: server.zscore(wait_key, c.id) is not None, timeout=10)
-            time.sleep(0.2)  # B's and C's deferred messages are held by the worker
+            # B's and C's deferred messages are held by the worker (its timer)
+            wait_for(lambda: {b.id, c.id} <= _scheduled(app), timeout=10)
             app.control.revoke(b.id)
             assert a.get(timeout=30) == 1
             a_end = _records("redteam_one")[-1][2]

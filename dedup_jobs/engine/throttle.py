@@ -195,11 +195,12 @@ Wake = Callable[[str], None]
 
 def release_slot(job_name: str, slot: Slot | None, wake: Wake | None = None) -> None:
     """Free ``slot`` (None: nothing to free): its run ended, or it does not run after all.
-    With ``wake``, on a store that can wake (``can_wake``), the same round trip calls the
-    waiter of the earliest turn if that turn is more than ``WAKE_AFTER`` away, and ``wake``
-    brings its message forward. A release that cannot reach the store is re-sent until it
-    answers (W4), by the rollback thread, for as long as the slot could live (a lease); a
-    re-sent release wakes nobody (the waiter comes back for its turn, as planned)."""
+    With ``wake``, on a store that can wake (``can_wake``), the same round trip may call a
+    waiter (the earliest turn more than ``WAKE_AFTER`` away, while fewer waiters are on
+    their way than slots are free), and ``wake`` brings its message forward. A release
+    that cannot reach the store is re-sent until it answers (W4), by the rollback thread,
+    for as long as the slot could live (a lease); a re-sent release wakes nobody (the
+    waiter comes back for its turn, as planned)."""
     if slot is None:
         return
     try:

@@ -4,9 +4,10 @@ than at its planned turn.
 A waiter deferred for a slot is published again with a countdown; a Celery worker takes such
 a message at once and holds it in its timer until the countdown ends. The turn is planned
 from the runs' average length, so a run that ends sooner leaves its slot idle until then.
-The release that frees the slot names the waiter of the earliest turn when that turn is
-further than ``WAKE_AFTER`` away, in the same round trip (it moves the waiter's turn to now
-on the store), and :func:`waker`'s function broadcasts ``dedup_jobs_wake`` with its task id.
+The release that frees the slot names the waiter of the earliest turn further than
+``WAKE_AFTER`` away, while fewer waiters are on their way than slots are free, in the same
+round trip (it moves the waiter's turn to now on the store), and :func:`waker`'s function
+broadcasts ``dedup_jobs_wake`` with its task id.
 The worker holding that message (:func:`dedup_jobs_wake`, a remote control command, run in
 the worker's event loop) moves its timer entry to now: it is admitted as any waiter back for
 its turn. Nothing else changes: no message is added or dropped; a wake that finds no worker

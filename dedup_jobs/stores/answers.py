@@ -127,7 +127,7 @@ class Renewed:
 @dataclass(frozen=True, kw_only=True)
 class Released:
     """The answer of a slot release that may call a waiter (T2, a store whose ``can_wake``
-    is true, asked with ``wake_after``): true when the slot was freed; ``wake``: the task id
+    is true: ``throttle_release_waking``): true when the slot was freed; ``wake``: the task id
     of the waiter whose turn the release moved to now (its held message is due at once)."""
 
     freed: bool

@@ -115,9 +115,10 @@ class RedisThrottleMixin:
     can_wake = True
 
     def throttle_release_waking(self, key: JobKey, owner: str, wake_after: float) -> Released:
-        """:meth:`throttle_release`, and in the same round trip: the waiter whose turn is the
-        earliest, if that is more than ``wake_after`` seconds away, has its turn moved to
-        now and is named in the answer (see THROTTLE_RELEASE)."""
+        """:meth:`throttle_release`, and in the same round trip: while fewer waiters are on
+        their way than slots are free, the waiter of the earliest turn more than
+        ``wake_after`` seconds away has its turn moved to now and is named in the answer
+        (see THROTTLE_RELEASE)."""
         keys = self._throttle_keys(key)
         answer = self._eval("THROTTLE_RELEASE", [keys[0], keys[1], keys[5], keys[2]],
                             (owner, _ms(wake_after), _ms(app_settings.LEASE_SECONDS)),
