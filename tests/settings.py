@@ -32,6 +32,9 @@ USE_TZ = True
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 ALLOWED_HOSTS = ["*"]
+# the fast hasher Django's testing docs suggest: the admin tests create users and log in
+# hundreds of times, and the default PBKDF2 hasher takes 0.3 s a hash on 2 cores
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
