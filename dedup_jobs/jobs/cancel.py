@@ -4,8 +4,9 @@ At dispatch (:func:`cancelled_by`): the lock passed to the new dispatch and the 
 copy was asked to stop, in one store call (``store.cancel_take``, ``engine/dispatch.py``);
 here ``unique_job_cancelled`` is sent, the decision counted, and with ``cancel_terminates``
 the run's result is marked REVOKED and a terminate sent (the prefork pool kills the process
-that runs it; its worker's main process releases what it held and names the new dispatch in
-its result: ``handlers.py``, ``UniqueJob.release_dropped``, :func:`name_canceller`).
+that runs it; its worker's main process keeps that mark when Celery announces the
+termination (``request.py``, :func:`terminated_reason`), releases what the run held and names
+the copy queued now: ``handlers.py``, ``UniqueJob.release_dropped``, :func:`name_canceller`).
 
 At the worker (:func:`end_cancelled`): the run's lease renewal reads the request back
 (``Renewed.cancel``), so ``self.cancel_requested()`` turns true within a third of the lease;
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
+from celery.states import REVOKED
 
 from dedup_jobs import metrics
 from dedup_jobs.exceptions import StoreUnavailable
@@ -31,8 +33,11 @@ if TYPE_CHECKING:
     from dedup_jobs.jobs.unique import UniqueJob
 
 
+_REASON_START = "cancelled by task "
+
+
 def _reason(by: str, key: str) -> str:
-    return f"cancelled by task {by} (on_duplicate='cancel_running', lock {key})"
+    return f"{_REASON_START}{by} (on_duplicate='cancel_running', lock {key})"
 
 
 def cancelled_by(job: UniqueJob, key: JobKey, cancelled: str, task_id: str) -> None:
@@ -94,6 +99,25 @@ def name_canceller(job: UniqueJob, store: BaseStore, key: JobKey, owner: str) ->
                 return
     except StoreUnavailable:
         return
+
+
+def terminated_reason(job: Any, owner: str, reason: str) -> str:
+    """L2, in the worker's main process, as Celery marks a terminated run REVOKED: the
+    reason the cancelling dispatch marked ``owner``'s result with before it sent the
+    terminate (:func:`cancelled_by`), else Celery's own ``reason``. Read from the result
+    itself, not the store: by the time the pool reports a process it terminated (late, on
+    a loaded machine), its running marker may have expired and the cancelling dispatch may
+    have run and ended, leaving nothing in the store to name it."""
+    if getattr(job, "on_duplicate", None) != CANCEL_RUNNING or job.ignore_result:
+        return reason
+    try:
+        meta = job.backend.get_task_meta(owner)
+    except Exception:
+        logger.warning("%s[%s]: could not read the result of the terminated run.", job.name,
+                       owner, exc_info=True)
+        return reason
+    marked = str(meta.get("result")) if meta.get("status") == REVOKED else ""
+    return marked if marked.startswith(_REASON_START) else reason
 
 
 def end_cancelled(job: UniqueJob, owner: str, by: str, key: JobKey) -> NoReturn:

@@ -18,6 +18,7 @@ from celery.worker import state
 from celery.worker.request import Request
 
 from dedup_jobs.jobs.base import HEADER, logger
+from dedup_jobs.jobs.cancel import terminated_reason
 
 #: dedup header flag of a copy re-published to wait for its first delivery's run (W5): it
 #: carries on that the broker had marked the copy redelivered
@@ -42,6 +43,15 @@ class UniqueRequest(Request):
             # Before Celery handles it: a retry_on_worker_lost retry then finds the lock free.
             self._release()
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any,
+                          expired: bool) -> None:
+        """Celery marks a terminated run's result REVOKED "terminated": a run terminated by
+        a cancelling dispatch (L2, ``cancel_terminates``) keeps the reason that dispatch
+        marked before it sent the terminate, naming it (``jobs/cancel.py``)."""
+        if terminated:
+            reason = terminated_reason(self.task, self.id, reason)
+        super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]
 
     def _release(self) -> None:
         release = getattr(self.task, "release_dropped", None)
