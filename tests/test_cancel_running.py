@@ -199,3 +199,21 @@ def test_a_run_the_pool_reports_terminated_late_keeps_the_name_of_its_canceller(
     request._announce_revoked("terminated", True, 15, False)
     reason = str(task.AsyncResult(running).result)
     assert (by in reason) is named and (reason == "terminated") is not named, reason
+
+
+def test_without_a_result_backend_a_terminated_run_keeps_celerys_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """No result backend (Celery's DisabledBackend: nothing was marked, nothing can be
+    read): Celery's reason stands, and no warning is logged for every termination."""
+    from types import SimpleNamespace
+
+    from celery import Celery
+    from celery.backends.base import DisabledBackend
+
+    from dedup_jobs.jobs.cancel import terminated_reason
+
+    job = SimpleNamespace(name="j", on_duplicate="cancel_running", ignore_result=False,
+                          backend=DisabledBackend(Celery("no-backend")))
+    with caplog.at_level("WARNING"):
+        assert terminated_reason(job, "run-1", "terminated") == "terminated"
+    assert caplog.records == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 from celery.states import REVOKED
 
@@ -108,7 +109,8 @@ def terminated_reason(job: Any, owner: str, reason: str) -> str:
     itself, not the store: by the time the pool reports a process it terminated (late, on
     a loaded machine), its running marker may have expired and the cancelling dispatch may
     have run and ended, leaving nothing in the store to name it."""
-    if getattr(job, "on_duplicate", None) != CANCEL_RUNNING or job.ignore_result:
+    if (getattr(job, "on_duplicate", None) != CANCEL_RUNNING or job.ignore_result
+            or isinstance(job.backend, DisabledBackend)):  # no result to read
         return reason
     try:
         meta = job.backend.get_task_meta(owner)
