@@ -14,6 +14,7 @@ from dedup_jobs import clock
 from dedup_jobs.engine import takeover
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores.base import ADOPTED, CLAIMED, WAIT, running_key
+from dedup_jobs.stores.throttling import WAKE_AFTER
 from tests.fates_model import (
     DEBOUNCE_FOR,
     LEASE,
@@ -73,7 +74,20 @@ class WorkerRules:
             return lambda: store.release(self.keys[body.kind], tid)
         if body.kind == "X":
             return lambda: store.release(running_key(self.keys["X"]), tid)
+        if getattr(store, "can_wake", False):  # T2: the release may call a waiter (wake)
+            return lambda: store.throttle_release_waking(self.tkey, tid, WAKE_AFTER)
         return lambda: store.throttle_release(self.tkey, tid)
+
+    def woken(self, answer: Any) -> None:
+        """T2, the wake: a release that named a waiter calls a T message that is waiting for
+        its turn (never one running, ended or unknown); its worker runs it now (the turn
+        moved to now; admission still decides)."""
+        wake = getattr(answer, "wake", None)
+        if not wake:
+            return
+        assert (wake, "T") in self.queue, (
+            f"T2: a release woke {wake}, which is not a T message waiting for its turn")
+        self.turns[wake] = time.time()
 
     @precondition(lambda self: self.queue)
     @rule(pick=picks, fate=fates)
@@ -126,7 +140,7 @@ class WorkerRules:
             body.holds = True
             return
         self.resends.append(Resend(f"RELEASE after {body.tid}", body.tid, self.release_call(body),
-                                   lambda _a: None))
+                                   self.woken))
 
     def checked(self, tid: str, kind: str, nonce: str, answer: Any) -> None:
         if kind == "D":
@@ -215,9 +229,10 @@ class WorkerRules:
         try:
             released = self.fates.call(fate, what, call, body.tid)
         except StoreUnavailable:
-            self.resends.append(Resend(what, body.tid, call, lambda _a: None))
+            self.resends.append(Resend(what, body.tid, call, self.woken))
             return
         assert released, f"U4/S7: {body.tid} finished without releasing its {body.kind} grant"
+        self.woken(released)
 
     def wait_for_turn(self, tid: str) -> None:
         """A deferred message comes back at its turn (at most SLOT_LEASE / 3 ahead, T2)."""

@@ -24,7 +24,9 @@ the worker, a unique kind whose check failed runs (W4) and its lease thread re-s
 call (same owner and nonce) until the store answers, then renews or releases what it was
 granted; a limit admission that failed defers (W7, engine/store_errors.py): the
 without_overlapping copy re-sends the same check (its nonce in the header), the throttle copy
-asks again; a release whose reply was lost is re-sent.
+asks again; a release whose reply was lost is re-sent. On a store that can wake, the T
+release is the waking one (throttle_release_waking): a waiter it names must be a T message
+waiting for its turn, and its turn moves to now (the wake reaching its worker).
 ``store_answers_again`` is the store coming back: every undo and re-send runs.
 
 Invariants after every step: never two bodies of one U or X key at once, never more than 2 of
