@@ -213,7 +213,7 @@ def test_without_a_result_backend_a_terminated_run_keeps_celerys_reason(
     from dedup_jobs.jobs.cancel import terminated_reason
 
     job = SimpleNamespace(name="j", on_duplicate="cancel_running", ignore_result=False,
-                          backend=DisabledBackend(Celery("no-backend")))
+                          backend=DisabledBackend(Celery("no-backend", set_as_current=False)))
     with caplog.at_level("WARNING"):
         assert terminated_reason(job, "run-1", "terminated") == "terminated"
     assert caplog.records == []
