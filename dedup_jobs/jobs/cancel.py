@@ -88,8 +88,9 @@ def name_canceller(job: UniqueJob, store: BaseStore, key: JobKey, owner: str) ->
     terminated): the copy queued under the key now, or, once it has started (the
     terminated process may have let go of its marker first), the one running, is the
     dispatch that cancelled ``owner``'s run (or one that replaced it since): ``owner``'s
-    result is REVOKED naming it (Celery's own mark, made just before, says only
-    "terminated")."""
+    result is REVOKED naming it (Celery's own mark, made just before, kept the cancelling
+    dispatch's reason where its result had one, :func:`terminated_reason`, else says
+    "terminated"; a store that no longer holds either key leaves that mark as it is)."""
     if job.ignore_result or job.on_duplicate != CANCEL_RUNNING:
         return  # a run of a without_overlapping job, say, terminated by somebody's revoke
     try:
