@@ -1,6 +1,10 @@
 """Bulk dispatch (L3, issue 26): 10,000 dispatches of distinct keys, one ``delay`` at a time
 against ``dispatch_many`` in batches, on one Redis that is both broker and store (the
-benchmark's settings), beside plain Celery. Prints a table (not a timed test).
+benchmark's settings), beside plain Celery; on kombu's own Redis transport (a lock round trip
+per batch, then the winners' messages in one pipelined publish) and on dedup_jobs' transport
+(``benchmarks.fused``'s app: ``delay`` is one round trip each, a batch one in all, its
+messages built from the first Celery builds, ``jobs/fused_many.py``). Prints a table (not a
+timed test).
 
 Every contender runs ROUNDS rounds, taking turns in an order that rotates from round to
 round; the queue is emptied after each. The ratios are of the medians printed beside them.
@@ -53,10 +57,28 @@ def _many(n: int, batch: int) -> None:
         bench.unique.dispatch_many([((next(fresh),), {}) for _ in range(batch)])
 
 
+def _fused_one_by_one(n: int, batch: int) -> None:
+    from benchmarks.fused import unique_fused
+
+    for _ in range(n):
+        unique_fused.delay(next(fresh))
+
+
+def _fused_many(n: int, batch: int) -> None:
+    from benchmarks.fused import unique_fused
+
+    for _ in range(0, n, batch):
+        unique_fused.dispatch_many([((next(fresh),), {}) for _ in range(batch)])
+
+
+#: the contenders on dedup_jobs' transport
+FUSED_DELAY, FUSED_MANY = "UniqueJob, delay, fused", "UniqueJob, dispatch_many, fused"
 CONTENDERS: dict[str, Callable[[int, int], None]] = {
     "plain Celery, delay": _plain,
     "UniqueJob, delay": _one_by_one,
     "UniqueJob, dispatch_many": _many,
+    FUSED_DELAY: _fused_one_by_one,
+    FUSED_MANY: _fused_many,
 }
 
 
@@ -109,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.rounds} rounds; Redis reads on the server (round trips) per run; "
           f"CPU: this process's CPU time per dispatch")
     print()
+    fused_one = statistics.median(seconds[FUSED_DELAY])
     print("| contender | seconds | dispatches/s | x plain Celery's rate | "
-          "x UniqueJob delay's rate | Redis reads | CPU µs per dispatch |")
+          "x UniqueJob delay's rate (same transport) | Redis reads | CPU µs per dispatch |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
         mid = statistics.median(seconds[name])
+        same = fused_one if "fused" in name else one
         print(f"| {name} | {mid:.3f} | {args.calls / mid:,.0f} | {base / mid:.2f}x | "
-              f"{one / mid:.2f}x | {statistics.median(reads[name]):,.0f} | "
+              f"{same / mid:.2f}x | {statistics.median(reads[name]):,.0f} | "
               f"{statistics.median(cpu[name]) / args.calls * 1e6:.0f} |")
     return 0
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from django.conf import settings
 
 from dedup_jobs.jobs.unique import UniqueJob
 
@@ -72,3 +73,16 @@ def fused_app(broker: str, counter: redis.Redis, **conf: Any) -> FusedApp:
                      unique_on=("token",), ignore_result=True)(body)
     return FusedApp(app=app, queue=queue, unique=unique, quiet=quiet, counter=counter)
 
+
+
+@contextmanager
+def prefixed(fapp: FusedApp) -> Iterator[FusedApp]:
+    """An app like ``fapp`` whose transport has kombu's ``global_keyprefix`` ("pfx:"): the
+    queue's key is the transport's business, so none of its messages is fused."""
+    other = fused_app(f"{settings.REDIS_URL}/{BROKER_DB}", fapp.counter,
+                      broker_transport_options={"global_keyprefix": "pfx:"})
+    try:
+        yield other
+    finally:
+        fapp.counter.delete(f"pfx:{other.queue}")
+        other.app.close()

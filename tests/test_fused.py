@@ -17,7 +17,7 @@ from django.conf import settings
 
 from dedup_jobs.jobs import fused
 from dedup_jobs.stores import get_store
-from tests.fused_app import BROKER_DB, FusedApp, fused_app, keep_default_app
+from tests.fused_app import BROKER_DB, FusedApp, keep_default_app, prefixed
 from tests.guard_support import token
 from tests.workers import thread_worker, wait_for
 
@@ -132,9 +132,7 @@ def test_a_message_that_cannot_be_fused_goes_the_two_round_trip_way(
 ) -> None:
     # kombu's global key prefix: the queue's key is the transport's business; not fused
     caplog.set_level(logging.INFO, logger="dedup_jobs")
-    other = fused_app(f"{settings.REDIS_URL}/{BROKER_DB}", fapp.counter,
-                      broker_transport_options={"global_keyprefix": "pfx:"})
-    try:
+    with prefixed(fapp) as other:
         t = token()
         first = other.unique.delay(t, 1)
         again = other.unique.delay(t, 2)
@@ -143,9 +141,6 @@ def test_a_message_that_cannot_be_fused_goes_the_two_round_trip_way(
         assert fapp.counter.llen(f"pfx:{other.queue}") == 1
         with thread_worker(other.app):
             assert first.get(timeout=10) == 1
-    finally:
-        fapp.counter.delete(f"pfx:{other.queue}")
-        other.app.close()
 
 
 def test_a_job_of_mostly_duplicates_takes_two_round_trips_until_it_stops(

@@ -31,6 +31,8 @@ from dedup_jobs.engine.dispatch import Dispatch, Dispatched, ask_many
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, message_wait, new_task_id
 from dedup_jobs.jobs.calls import Call
+from dedup_jobs.jobs.fused import fused_transport, why_not_fused
+from dedup_jobs.jobs.fused_many import dispatch_fused_many
 from dedup_jobs.jobs.undo import release_unpublished, undo_lock
 from dedup_jobs.signals import lock_acquired, notify
 
@@ -49,6 +51,11 @@ def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list
         dispatches.append(Dispatch(key=job.job_key(args, kwargs, store), task_id=new_task_id(),
                                    ttl=job.lock_ttl(args, kwargs) + wait, generated=True,
                                    replace=False))
+    if (app_settings.ON_STORE_ERROR != "enqueue" and fused_transport(job.app)
+            and not why_not_fused(job, store, options, batch=True)):
+        fused = dispatch_fused_many(job, store, calls, dispatches, alias, options)
+        if fused is not None:  # every lock and message in one round trip
+            return fused
     try:
         answers = ask_many(dispatches, store, now=now)
     except StoreUnavailable as exc:

@@ -82,8 +82,9 @@ def _transport() -> Any:
     return transport
 
 
-def why_not_fused_job(job: Any, store: Any) -> str:
-    """Why no dispatch of ``job`` on ``store`` is fused ("" when its dispatches can be)."""
+def why_not_fused_job(job: Any, store: Any, *, batch: bool = False) -> str:
+    """Why no dispatch of ``job`` on ``store`` is fused ("" when its dispatches can be);
+    ``batch``: a batch's (``dispatch_many``), whose duplicates cost little either way."""
     if not fused_transport(job.app):
         return "the broker transport is not dedup_jobs.transport:Transport"
     if getattr(store, "fused_database", None) is None or store.fused_database() is None:
@@ -93,15 +94,16 @@ def why_not_fused_job(job: Any, store: Any) -> str:
     if job.observing():
         return "observe-only"
     key = (job.name, id(store))
-    if _duplicates.get(key, 0.0) > MOSTLY_DUPLICATES:
+    if not batch and _duplicates.get(key, 0.0) > MOSTLY_DUPLICATES:
         return (f"{_duplicates[key]:.0%} of its recent dispatches were duplicates, which "
                 f"cost less on the two-round-trip path")
     return _refused.get(key, "")
 
 
-def why_not_fused(job: Any, store: Any, options: dict[str, Any]) -> str:
+def why_not_fused(job: Any, store: Any, options: dict[str, Any], *,
+                  batch: bool = False) -> str:
     """Why this dispatch of ``job`` takes two round trips ("" when it can be fused)."""
-    why = why_not_fused_job(job, store)
+    why = why_not_fused_job(job, store, batch=batch)
     if why:
         return why
     if options.get("group_id") or options.get("chord") or "chain" in options:

@@ -42,6 +42,10 @@ class Pending:
     request: str
     call: FusedCall | None = None
     answer: Acquired | None = field(default=None)
+    #: a batch's message (``jobs/fused_many.py``): the channel only fills ``call`` and
+    #: ``message`` (the final message, as kombu would push it); the batch sends it
+    capture: bool = False
+    message: dict[str, Any] | None = None
 
 
 #: the fused dispatch under way in this thread (or task), read by the channel
@@ -71,6 +75,9 @@ class Channel(kombu_redis.Channel):
             key=pending.key, owner=pending.owner, ttl=pending.ttl, request=pending.request,
             queue=channel._q_for_pri(routing_key, priority),
             database=int(self.pool.connection_kwargs.get("db") or 0), payload=dumps(message))
+        if pending.capture:
+            pending.message = message
+            return None
         pending.answer = pending.store.acquire_fused(pending.call)
         return None
 

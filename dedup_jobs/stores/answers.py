@@ -316,6 +316,11 @@ def encode_call(
 _ENCODER = JSONEncoder()
 
 
+def encode_json(value: Any) -> str:
+    """kombu's ``dumps(value)``, with the encoder built once (see ``_ENCODER``)."""
+    return _ENCODER.encode(value)
+
+
 def decode_call(payload: str | bytes) -> tuple[CallArgs, dict[str, Any]]:
     """``(args, kwargs)`` of a stored call; ``args.chain`` is its chain continuation. A
     payload stored before chains were debounced (two elements) decodes with no chain."""

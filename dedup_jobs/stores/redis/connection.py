@@ -19,6 +19,7 @@ import math
 import os
 import time
 import weakref
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
@@ -26,6 +27,7 @@ from dedup_jobs import metrics
 from dedup_jobs.conf import app_settings
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.metrics.tally import FOLD_AT
+from dedup_jobs.stores.answers import Acquired
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.adapters import Adapter, Family, family, family_of
 
@@ -201,6 +203,25 @@ class RedisConnection:
         is ahead of ours. Remember by how much (plus the budget, to stay on the safe side)."""
         self.skew_ms = max(self.skew_ms, server_ms - int(time.time() * 1000) + 1)
 
+
+    def acquired_answers(self, calls: Any, replies: list[Any],
+                         again: Callable[[Any], Acquired]) -> list[Acquired]:
+        """L3: the answers of a batch of lock scripts, in order; a call refused as late (the
+        server's clock ahead of ours) is made ``again`` alone. StoreUnavailable from such a
+        call carries the answers read before it (``answered``)."""
+        answers: list[Acquired] = []
+        for call, reply in zip(calls, replies, strict=True):
+            answer = _text(reply)
+            if answer[0] == "L":
+                self.learn_skew(int(answer[1:]))
+                try:
+                    answers.append(again(call))
+                except StoreUnavailable as exc:
+                    exc.answered = answers
+                    raise
+            else:
+                answers.append(Acquired(acquired=answer[0] == "1", holder=answer[1:]))
+        return answers
 
     def _eval(self, name: str, keys: list[str], args: Any, job: str = "?") -> Any:
         """Run script ``name`` in one round trip, timed for the metrics (A5; ``job``: the

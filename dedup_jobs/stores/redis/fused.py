@@ -5,6 +5,7 @@ half, which hands over the queue's key and the message, is ``dedup_jobs/jobs/tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,8 @@ class RedisFused:
     client: Any
     _keeping: Any
     _eval: Any
+    _send_many: Any
+    acquired_answers: Callable[..., list[Acquired]]
     place: Any
     deadline_ms: Any
     learn_skew: Any
@@ -82,6 +85,25 @@ class RedisFused:
                 return Acquired(acquired=answer[0] == "1", holder=answer[1:])
             self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
         raise StoreUnavailable(self.alias, "the server refused the fused dispatch as late twice")
+
+    def acquire_fused_many(self, calls: list[FusedCall]) -> list[Acquired]:
+        """L3 fused: :meth:`acquire_fused` for every call of a batch, pipelined on one
+        connection (one round trip; the scripts run one after the other, so a key twice in
+        the batch is taken by its first call). A call refused as late is made again alone.
+        StoreUnavailable when the batch's reply is lost past the one re-send or late: any
+        call of the batch may have run (its ``answered`` holds the answers read before a
+        late call's own re-send failed)."""
+        if not calls:
+            return []
+        deadline, here, tombstone = self.deadline_ms(), self.fused_database(), self._tombstone_ms()
+        batch = []
+        for call in calls:
+            physical, index = self.place(call.key)
+            batch.append(([physical, index, call.queue, f"{physical}:pub"], (
+                call.owner, _ms(call.ttl), deadline, call.key.task_name, call.key.ident,
+                call.request, here, call.database, call.payload, tombstone)))
+        replies = self._send_many("FUSED", batch, calls[0].key.task_name)
+        return self.acquired_answers(calls, replies, self.acquire_fused)
 
     def undo_fused(self, call: FusedCall) -> bool:
         """S7: take back what a failed fused dispatch did: its message off the queue if no

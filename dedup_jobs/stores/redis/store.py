@@ -129,20 +129,8 @@ class RedisStore(RedisFused, RedisThrottleMixin, RedisListing, RedisConnection, 
             (list(self.place(c.key)), (c.owner, _ms(c.ttl), deadline, "0", c.key.task_name,
                                        c.key.ident, c.request)) for c in calls],
             calls[0].key.task_name if calls else "?")
-        answers = []
-        for call, reply in zip(calls, replies, strict=True):
-            answer = _text(reply)
-            if answer[0] == "L":
-                self.learn_skew(int(answer[1:]))
-                try:
-                    answers.append(self.acquire(call.key, call.owner, call.ttl, now=now,
-                                                request=call.request))
-                except StoreUnavailable as exc:
-                    exc.answered = answers
-                    raise
-            else:
-                answers.append(Acquired(acquired=answer[0] == "1", holder=answer[1:]))
-        return answers
+        return self.acquired_answers(calls, replies, lambda call: self.acquire(
+            call.key, call.owner, call.ttl, now=now, request=call.request))
 
     def start(
         self, key: JobKey, owner: str, lease: float, *, now: float, release: bool,

@@ -1,0 +1,191 @@
+"""Where a batch of unique dispatches is fused (L3 with issue 26's fused dispatch,
+docs/jobs.md#dispatch-many): every lock of the batch and every winner's message in one round
+trip, when a single dispatch of the job would be fused (``jobs/fused.py``).
+
+Each call's message is the one Celery would publish for it: the first is built by Celery
+itself and stopped at the channel (``Pending.capture`` in ``jobs/transport.py``); the others
+are that message with the call's own fields put in (:class:`Template`: the task id, the
+arguments and their reprs, the dedup header, a delivery tag) where nothing else can differ
+from call to call (:func:`cloneable`), else each is built by Celery the same way. Then one
+pipeline of ``FUSED`` scripts takes each lock and pushes the message of each call whose lock
+it took (``RedisFused.acquire_fused_many``). A batch whose messages cannot be fused (nothing
+was sent) goes the two-round-trip way of ``jobs/bulk.py``.
+
+Faults (S7): a batch whose store call fails (never sent, its reply lost past the one re-send,
+late) raises StoreUnavailable after handing the undo of every call of the failed round trip to
+the rollback thread (``undo_fused``: the message taken back off the queue if no worker has it
+yet, then the lock; the id marked REVOKED). Calls of earlier round trips (``CHUNK``) stand:
+dispatching the batch again is safe, they are duplicates now."""
+
+from __future__ import annotations
+
+from base64 import b64decode, b64encode
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from celery.app.task import Task
+from celery.result import AsyncResult
+from celery.utils.saferepr import saferepr
+from kombu.utils.json import loads
+from kombu.utils.uuid import uuid
+
+from dedup_jobs import metrics
+from dedup_jobs.engine.dispatch import Dispatch
+from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.jobs.base import HEADER, logger
+from dedup_jobs.jobs.calls import Call
+from dedup_jobs.jobs.fused import _refused, _transport, observed
+from dedup_jobs.jobs.undo import undo_fused
+from dedup_jobs.signals import lock_acquired, notify
+from dedup_jobs.stores.answers import encode_json
+
+if TYPE_CHECKING:  # (imported with kombu's Redis transport, on first use)
+    from dedup_jobs.stores.redis.fused import FusedCall
+
+#: calls per store round trip: a batch's payloads are written at once, and a write of
+#: thousands of messages would outlast the store's time budget
+CHUNK = 500
+
+
+def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: list[Dispatch],
+                        alias: str, options: dict[str, Any]) -> list[AsyncResult[Any]] | None:
+    """The batch's results in order, or None when its messages cannot be fused (nothing
+    sent: the caller takes the two-round-trip way)."""
+    transport = _transport()
+    built: list[tuple[FusedCall, AsyncResult[Any]]] = []
+    template: Template | None = None
+    try:
+        with job.app.producer_or_acquire(options.get("producer")) as producer:
+            sent = {**options, "producer": producer}  # (Celery's messages built on it too)
+            for (args, kwargs), d in zip(calls, dispatches, strict=True):
+                if template is not None:
+                    built.append(template.clone(job, d, args, kwargs, alias, producer))
+                    continue
+                call, message, result = _captured(job, store, d, args, kwargs, alias, sent)
+                built.append((call, result))
+                if cloneable(job, message, options):
+                    template = Template.of(job, call, message, result, options)
+    except transport.Unfusable as exc:
+        _refused[(job.name, id(store))] = str(exc)
+        logger.info("%s: not fused on store %r (%s): two round trips per dispatch.",
+                    job.name, alias, exc)
+        return None
+    results: list[AsyncResult[Any]] = []
+    for start in range(0, len(built), CHUNK):
+        chunk = built[start:start + CHUNK]
+        fused = [call for call, _result in chunk]
+        try:
+            answers = store.acquire_fused_many(fused)
+        except StoreUnavailable:
+            for call in fused:  # S7: any call of the round trip may have run
+                undo_fused(job, store, call, revoke=True)
+            raise
+        for (call, result), (args, kwargs), answer in zip(
+                chunk, calls[start:start + CHUNK], answers, strict=True):
+            observed(job, store, not answer.acquired)
+            if not answer.acquired:
+                results.append(job._duplicate(call.key, alias, answer.holder, call.owner,
+                                              args, kwargs, options))
+                continue
+            notify(lock_acquired, type(job), key=call.key.key, owner=call.owner, store=alias)
+            metrics.decision(job.name, "dispatched")
+            result.deduplicated = False  # type: ignore[attr-defined]
+            results.append(result)
+    return results
+
+
+def _captured(job: Any, store: Any, d: Dispatch, args: Any, kwargs: Any, alias: str,
+              options: dict[str, Any]) -> tuple[FusedCall, dict[str, Any], AsyncResult[Any]]:
+    """The message Celery builds for one call, stopped at the channel (not sent)."""
+    transport = _transport()
+    pending = transport.Pending(store=store, key=d.key, owner=d.task_id, ttl=d.ttl,
+                                request=d.request, capture=True)
+    token = transport.PENDING.set(pending)
+    try:
+        result: AsyncResult[Any] = job._publish(args, kwargs, d.task_id, d.key, alias, options)
+    finally:
+        transport.PENDING.reset(token)
+    if pending.call is None or pending.message is None:
+        raise transport.Unfusable("the message did not reach dedup_jobs' channel")
+    return pending.call, pending.message, result
+
+
+def cloneable(job: Any, message: dict[str, Any], options: dict[str, Any]) -> bool:
+    """Would Celery build every other call's message of this batch as ``message`` with the
+    call's own fields put in? Not where something may change a message per call: a handler
+    of Celery's publish signals, a task-sent event, a router (``task_routes`` may route by
+    the arguments), a task's own ``shadow_name``, pydantic arguments; nor for a body Celery
+    does not write as JSON text in base64."""
+    conf = job.app.conf
+    headers = message.get("headers") or {}
+    return (not any(s.receivers for s in (signals.before_task_publish,
+                                          signals.after_task_publish, signals.task_sent))
+            and not conf.task_send_sent_event and not conf.task_routes
+            and type(job).shadow_name is Task.shadow_name and not job.__v2_compat__
+            and getattr(job, "_dump_pydantic_arguments", None) is None
+            and message.get("content-type") == "application/json"
+            and message.get("content-encoding") == "utf-8"
+            and message["properties"].get("body_encoding") == "base64"
+            and "compression" not in headers and headers.get("lang") == "py"
+            and headers.get("id") == message["properties"].get("correlation_id")
+            and not options.get("argsrepr") and not options.get("kwargsrepr"))
+
+
+@dataclass(frozen=True)
+class Template:
+    """A message Celery built for one call of a batch, and what the others take from it."""
+
+    message: dict[str, Any]
+    queue: str
+    database: int
+    embed: Any  # the body's third part: callbacks, errbacks, chain, chord
+    own_root: bool  # the root id is the task's own (not dispatched inside another task)
+    ignored: bool
+    trail: bool
+    repr_sizes: tuple[int, int, int]
+
+    @classmethod
+    def of(cls, job: Any, call: FusedCall, message: dict[str, Any], result: Any,
+           options: dict[str, Any]) -> Template:
+        headers = message["headers"]
+        amqp = job.app.amqp
+        return cls(message=message, queue=call.queue, database=call.database,
+                   embed=loads(b64decode(message["body"]))[2],
+                   own_root=headers.get("root_id") == headers["id"],
+                   ignored=bool(getattr(result, "ignored", False)),
+                   trail=bool(options.get("add_to_parent", True)),
+                   repr_sizes=(amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize,
+                               job.app.conf.task_repr_maxlevels))
+
+    def clone(self, job: Any, d: Dispatch, args: Any, kwargs: Any, alias: str,
+              producer: Any) -> tuple[FusedCall, AsyncResult[Any]]:
+        """The call's message, as Celery's ``apply_async`` would build it, and its result."""
+        args, kwargs = args or (), kwargs or {}
+        if job.typing:  # Celery's own check of the arguments, as apply_async makes it
+            job.__header__(*args, **kwargs)
+        owner = d.task_id
+        headers = dict(self.message["headers"])
+        args_size, kwargs_size, levels = self.repr_sizes
+        headers.update(id=owner, argsrepr=saferepr(args, args_size, maxlevels=levels),
+                       kwargsrepr=saferepr(kwargs, kwargs_size, maxlevels=levels))
+        headers[HEADER] = d.key.as_header(alias)
+        if self.own_root:
+            headers["root_id"] = owner
+        properties = dict(self.message["properties"], correlation_id=owner,
+                          delivery_tag=uuid())
+        body = encode_json([args, kwargs, self.embed]).encode("utf-8")
+        message = dict(self.message, headers=headers, properties=properties,
+                       body=b64encode(body).decode("ascii"))
+        call: FusedCall = _transport().FusedCall(
+            key=d.key, owner=owner, ttl=d.ttl, request=d.request, queue=self.queue,
+            database=self.database, payload=encode_json(message))
+        result: AsyncResult[Any] = job.AsyncResult(owner)
+        result.ignored = self.ignored
+        if not self.ignored:
+            job.backend.on_task_call(producer, owner)
+        if self.trail:
+            parent = job.app.current_worker_task
+            if parent:
+                parent.add_trail(result)
+        return call, result
