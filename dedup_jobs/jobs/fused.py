@@ -162,6 +162,9 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
         answer = dispatch.read(pending.answer)
     observed(job, store, not answer.publish)
     if not answer.publish:
+        parent = job.app.current_worker_task if options.get("add_to_parent", True) else None
+        if parent:  # Celery built its message (and trailed it); its id is never published
+            untrail(parent, dispatch.task_id)
         duplicate: AsyncResult[Any] = job._duplicate(
             dispatch.key, alias, answer.holder, dispatch.task_id, args, kwargs, options)
         return duplicate
@@ -169,6 +172,14 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
     metrics.decision(job.name, "dispatched")
     result.deduplicated = False  # type: ignore[attr-defined]
     return result
+
+
+def untrail(parent: Any, owner: str) -> None:
+    """Take the result of ``owner``, a dispatch found a duplicate after Celery built its
+    message (its id never published), off its parent task's trail."""
+    children = getattr(parent.request, "children", None)
+    if children:
+        children[:] = [c for c in children if getattr(c, "id", None) != owner]
 
 
 def _failed(job: Any, store: Any, pending: Any, failure: StoreUnavailable,

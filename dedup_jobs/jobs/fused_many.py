@@ -20,6 +20,7 @@ dispatching the batch again is safe, they are duplicates now."""
 from __future__ import annotations
 
 from base64 import b64decode, b64encode
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from celery import signals
 from celery.app.task import Task
 from celery.result import AsyncResult
 from celery.utils.saferepr import saferepr
+from kombu.exceptions import EncodeError
 from kombu.utils.json import loads
 from kombu.utils.uuid import uuid
 
@@ -35,7 +37,7 @@ from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import HEADER, logger
 from dedup_jobs.jobs.calls import Call
-from dedup_jobs.jobs.fused import _refused, _transport, observed
+from dedup_jobs.jobs.fused import _refused, _transport, observed, untrail
 from dedup_jobs.jobs.undo import undo_fused
 from dedup_jobs.signals import lock_acquired, notify
 from dedup_jobs.stores.answers import encode_json
@@ -43,9 +45,20 @@ from dedup_jobs.stores.answers import encode_json
 if TYPE_CHECKING:  # (imported with kombu's Redis transport, on first use)
     from dedup_jobs.stores.redis.fused import FusedCall
 
-#: calls per store round trip: a batch's payloads are written at once, and a write of
-#: thousands of messages would outlast the store's time budget
-CHUNK = 500
+#: calls per store round trip, and bytes of messages: a batch's payloads are written at
+#: once, and a write of thousands of messages (or of a few large ones) would outlast the
+#: store's time budget (its scripts would then be refused as late, and sent again one by one)
+CHUNK, CHUNK_BYTES = 500, 1 << 20
+
+
+@dataclass(frozen=True)
+class Built:
+    """One call's message and result; ``cloned``: built from the template (not by Celery,
+    which adds a result to its parent task's trail as it builds it)."""
+
+    call: FusedCall
+    result: AsyncResult[Any]
+    cloned: bool
 
 
 def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: list[Dispatch],
@@ -53,7 +66,11 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
     """The batch's results in order, or None when its messages cannot be fused (nothing
     sent: the caller takes the two-round-trip way)."""
     transport = _transport()
-    built: list[tuple[FusedCall, AsyncResult[Any]]] = []
+    why = not_batched(job, calls, options)
+    if why:
+        logger.debug("%s: a batch not fused (%s): two round trips.", job.name, why)
+        return None
+    built: list[Built] = []
     template: Template | None = None
     try:
         with job.app.producer_or_acquire(options.get("producer")) as producer:
@@ -63,7 +80,7 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
                     built.append(template.clone(job, d, args, kwargs, alias, producer))
                     continue
                 call, message, result = _captured(job, store, d, args, kwargs, alias, sent)
-                built.append((call, result))
+                built.append(Built(call, result, cloned=False))
                 if cloneable(job, message, options):
                     template = Template.of(job, call, message, result, options)
     except transport.Unfusable as exc:
@@ -72,27 +89,65 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
                     job.name, alias, exc)
         return None
     results: list[AsyncResult[Any]] = []
-    for start in range(0, len(built), CHUNK):
-        chunk = built[start:start + CHUNK]
-        fused = [call for call, _result in chunk]
+    parent = job.app.current_worker_task if options.get("add_to_parent", True) else None
+    for start, chunk in _chunks(built):
+        fused = [b.call for b in chunk]
         try:
             answers = store.acquire_fused_many(fused)
         except StoreUnavailable:
             for call in fused:  # S7: any call of the round trip may have run
                 undo_fused(job, store, call, revoke=True)
             raise
-        for (call, result), (args, kwargs), answer in zip(
-                chunk, calls[start:start + CHUNK], answers, strict=True):
+        for b, (args, kwargs), answer in zip(chunk, calls[start:start + len(chunk)], answers,
+                                             strict=True):
             observed(job, store, not answer.acquired)
             if not answer.acquired:
-                results.append(job._duplicate(call.key, alias, answer.holder, call.owner,
+                if parent and not b.cloned:  # its own id never published: not a child
+                    untrail(parent, b.call.owner)
+                results.append(job._duplicate(b.call.key, alias, answer.holder, b.call.owner,
                                               args, kwargs, options))
                 continue
-            notify(lock_acquired, type(job), key=call.key.key, owner=call.owner, store=alias)
+            if parent and b.cloned:
+                parent.add_trail(b.result)  # as Celery adds the result of what it sends
+            notify(lock_acquired, type(job), key=b.call.key.key, owner=b.call.owner,
+                   store=alias)
             metrics.decision(job.name, "dispatched")
-            result.deduplicated = False  # type: ignore[attr-defined]
-            results.append(result)
+            b.result.deduplicated = False  # type: ignore[attr-defined]
+            results.append(b.result)
     return results
+
+
+def _chunks(built: list[Built]) -> Iterator[tuple[int, list[Built]]]:
+    """``(index of its first call, calls)`` of each store round trip (CHUNK, CHUNK_BYTES)."""
+    start, size = 0, 0
+    for i, b in enumerate(built):
+        if i > start and (i - start >= CHUNK or size + len(b.call.payload) > CHUNK_BYTES):
+            yield start, built[start:i]
+            start, size = i, 0
+        size += len(b.call.payload)
+    if built:
+        yield start, built[start:]
+
+
+def not_batched(job: Any, calls: list[Call], options: dict[str, Any]) -> str:
+    """Why this batch is not fused although a single dispatch of the job would be ("" when
+    it is): a header option that renames its messages, or a router that does not send every
+    call where it sends the first (the channel would refuse a later message after earlier
+    ones were built, their publish signals sent)."""
+    if "id" in (options.get("headers") or {}):
+        return "the headers option sets the messages' id"
+    router = options.get("router")
+    if router is None and not job.app.conf.task_routes:
+        return ""
+    router = router or job.app.amqp.router
+    first = None
+    for args, kwargs in calls:
+        route = router.route(dict(options), job.name, args, kwargs, job)
+        if first is None:
+            first = route
+        elif route != first:
+            return "the router sends its calls to different queues"
+    return ""
 
 
 def _captured(job: Any, store: Any, d: Dispatch, args: Any, kwargs: Any, alias: str,
@@ -121,7 +176,7 @@ def cloneable(job: Any, message: dict[str, Any], options: dict[str, Any]) -> boo
     headers = message.get("headers") or {}
     return (not any(s.receivers for s in (signals.before_task_publish,
                                           signals.after_task_publish, signals.task_sent))
-            and not conf.task_send_sent_event and not conf.task_routes
+            and not conf.task_send_sent_event
             and type(job).shadow_name is Task.shadow_name and not job.__v2_compat__
             and getattr(job, "_dump_pydantic_arguments", None) is None
             and message.get("content-type") == "application/json"
@@ -142,7 +197,7 @@ class Template:
     embed: Any  # the body's third part: callbacks, errbacks, chain, chord
     own_root: bool  # the root id is the task's own (not dispatched inside another task)
     ignored: bool
-    trail: bool
+    overlay: dict[str, Any]  # the caller's headers option
     repr_sizes: tuple[int, int, int]
 
     @classmethod
@@ -154,12 +209,12 @@ class Template:
                    embed=loads(b64decode(message["body"]))[2],
                    own_root=headers.get("root_id") == headers["id"],
                    ignored=bool(getattr(result, "ignored", False)),
-                   trail=bool(options.get("add_to_parent", True)),
+                   overlay=dict(options.get("headers") or {}),
                    repr_sizes=(amqp.argsrepr_maxsize, amqp.kwargsrepr_maxsize,
                                job.app.conf.task_repr_maxlevels))
 
     def clone(self, job: Any, d: Dispatch, args: Any, kwargs: Any, alias: str,
-              producer: Any) -> tuple[FusedCall, AsyncResult[Any]]:
+              producer: Any) -> Built:
         """The call's message, as Celery's ``apply_async`` would build it, and its result."""
         args, kwargs = args or (), kwargs or {}
         if job.typing:  # Celery's own check of the arguments, as apply_async makes it
@@ -169,12 +224,16 @@ class Template:
         args_size, kwargs_size, levels = self.repr_sizes
         headers.update(id=owner, argsrepr=saferepr(args, args_size, maxlevels=levels),
                        kwargsrepr=saferepr(kwargs, kwargs_size, maxlevels=levels))
-        headers[HEADER] = d.key.as_header(alias)
         if self.own_root:
             headers["root_id"] = owner
+        headers.update(self.overlay)  # the caller's headers, over Celery's (as Celery does)
+        headers[HEADER] = d.key.as_header(alias)
         properties = dict(self.message["properties"], correlation_id=owner,
                           delivery_tag=uuid())
-        body = encode_json([args, kwargs, self.embed]).encode("utf-8")
+        try:
+            body = encode_json([args, kwargs, self.embed]).encode("utf-8")
+        except Exception as exc:  # what kombu raises for a body it cannot serialise
+            raise EncodeError(exc) from exc
         message = dict(self.message, headers=headers, properties=properties,
                        body=b64encode(body).decode("ascii"))
         call: FusedCall = _transport().FusedCall(
@@ -184,8 +243,4 @@ class Template:
         result.ignored = self.ignored
         if not self.ignored:
             job.backend.on_task_call(producer, owner)
-        if self.trail:
-            parent = job.app.current_worker_task
-            if parent:
-                parent.add_trail(result)
-        return call, result
+        return Built(call, result, cloned=True)
