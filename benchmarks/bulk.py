@@ -8,7 +8,8 @@ timed test).
 
 Every contender runs ROUNDS rounds, taking turns in an order that rotates from round to
 round; the queue is emptied after each. The ratios are of the medians printed beside them.
-Redis round trips are counted on the server (``total_reads_processed``), per 10,000 calls;
+Redis reads are counted on the server (``total_reads_processed``), per 10,000 calls (a round
+trip is one read, but the server reads a write of more than 16 KB, a batch's, in pieces);
 the CPU column is the dispatching process's own CPU time per dispatch (``process_time``):
 what is left when no round trip is waited for.
 
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(seconds["plain Celery, delay"])
     one = statistics.median(seconds["UniqueJob, delay"])
     print(f"{args.calls:,} dispatches of distinct keys, batches of {args.batch}, "
-          f"median of {args.rounds} rounds; Redis reads on the server (round trips) per run; "
+          f"median of {args.rounds} rounds; Redis reads on the server per run (one a round "
+          f"trip, but the server reads a write of more than 16 KB in pieces); "
           f"CPU: this process's CPU time per dispatch")
     print()
     fused_one = statistics.median(seconds[FUSED_DELAY])
