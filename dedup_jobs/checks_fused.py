@@ -68,6 +68,8 @@ def check_fused(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
             why = f"its store could not be read ({exc})"
         what = ("fused: the lock and the message in one round trip" if not why
                 else f"two round trips per dispatch: {why}")
+        if not why and task.on_duplicate == "return":
+            what += "; dispatch_many: one round trip per batch"
         messages.append(checks.Info(
             f"{task.name}: {what}.",
             hint=f"The broker's transport is dedup_jobs.transport:Transport. {DOCS}",

@@ -35,7 +35,8 @@ def test_each_unique_job_is_told_its_path(monkeypatch: Any) -> None:
     other = fused_app("redis://127.0.0.1:1/0", counter)  # another server (nothing listens)
     try:
         assert _messages(monkeypatch, [same.unique]) == [
-            f"{same.unique.name}: fused: the lock and the message in one round trip."]
+            f"{same.unique.name}: fused: the lock and the message in one round trip; "
+            f"dispatch_many: one round trip per batch."]
         [message] = _messages(monkeypatch, [other.unique])
         assert message.startswith(f"{other.unique.name}: two round trips per dispatch: "
                                   f"the broker (127.0.0.1:1) and its store 'redis' (")
