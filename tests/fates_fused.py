@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from dedup_jobs.exceptions import StoreUnavailable
@@ -55,25 +56,56 @@ class FusedRules:
     @rule(fate=fates)
     def dispatch_fused(self, fate: str) -> None:
         """U1/U2 and S7 on the fused path: the lock and the message in one call."""
-        tid, store = self.new_id("g"), self.store
-        call = FusedCall(key=self.keys["U"], owner=tid, ttl=UNIQUE_FOR, request=tid,
-                         queue=self.fused_queue, database=self.broker_db, payload=tid)
+        call = self._fused_call()
         try:
-            answer = self.fates.call(fate, f"FUSED U {tid}", lambda: store.acquire_fused(call),
-                                     tid)
+            answer = self.fates.call(fate, f"FUSED U {call.owner}",
+                                     lambda: self.store.acquire_fused(call), call.owner)
         except StoreUnavailable:
-            self.failed.add(tid)
-            undo.undo_fused(self, store, call, revoke=True)
-            _what, taken_back = self.undos[-1]
-
-            def counted() -> bool:
-                removed = bool(taken_back())
-                if removed:
-                    self.undone.add(tid)
-                return removed
-
-            self.undos[-1] = (f"fused {tid}", counted)
+            self._fused_failed(call)
             return
+        self._fused_answered(call, answer)
+
+    @precondition(lambda self: self.can_fuse)
+    @rule(fate=fates, size=st.integers(2, 3))
+    def dispatch_fused_many(self, fate: str, size: int) -> None:
+        """L3 on the fused path (``jobs/fused_many.py``): a batch of the U key's dispatches,
+        every lock and message in one call; a later call of the batch is the first's
+        duplicate. A failed batch undoes each of its calls, as the front-end does."""
+        calls = [self._fused_call() for _ in range(size)]
+        try:
+            answers = self.fates.call(
+                fate, "FUSED_MANY U " + " ".join(c.owner for c in calls),
+                lambda: self.store.acquire_fused_many(calls), calls[0].owner)
+        except StoreUnavailable:
+            for call in calls:
+                self._fused_failed(call)
+            return
+        assert len(answers) == size
+        for call, answer in zip(calls, answers, strict=True):
+            self._fused_answered(call, answer)
+
+    def _fused_call(self) -> FusedCall:
+        tid = self.new_id("g")
+        return FusedCall(key=self.keys["U"], owner=tid, ttl=UNIQUE_FOR, request=tid,
+                         queue=self.fused_queue, database=self.broker_db, payload=tid)
+
+    def _fused_failed(self, call: FusedCall) -> None:
+        """StoreUnavailable: the real undo handed to the model's rollback stand-in."""
+        tid = call.owner
+        self.failed.add(tid)
+        undo.undo_fused(self, self.store, call, revoke=True)
+        _what, taken_back = self.undos[-1]
+
+        def counted() -> bool:
+            removed = bool(taken_back())
+            if removed:
+                self.undone.add(tid)
+            return removed
+
+        self.undos[-1] = (f"fused {tid}", counted)
+
+    def _fused_answered(self, call: FusedCall, answer: Any) -> None:
+        tid = call.owner
         if answer.acquired or answer.holder == tid:
             self.awaited.add(tid)  # its message is on the broker's queue
             return

@@ -13,7 +13,8 @@ one with ``on_duplicate="replace"`` (take_over), P a UniqueUntilProcessingJob, X
 copy its renewals read), T a ThrottledJob with ``concurrency=2``, D a DebouncedJob (debounce,
 claim_due), and on the Redis store of one server the fused dispatch of the U key
 (acquire_fused: the lock and the message in one script, its messages in a real Redis list
-until the broker delivers them; tests/fates_fused.py).
+until the broker delivers them; and acquire_fused_many, a batch of them in one call, L3;
+tests/fates_fused.py).
 
 The front-end is modelled as the code does it: a dispatch that raised StoreUnavailable hands
 its undo to engine/rollback.py (the real ``unique.undo_lock``, matching owner and request id,
@@ -275,10 +276,18 @@ class StoreFates(FusedRules, WorkerRules, RuleBasedStateMachine):
         """A late call reaches the store after its caller gave up (S7: a dispatch script
         with a deadline changes nothing)."""
         late, answer = self.fates.land(pick % len(self.fates.late))
-        owner = late.owner
         # the fused script refuses past the deadline (or finds the holder): it never pushes
+        # (a fused batch's answers are a list, one per call)
+        answers = answer if isinstance(answer, list) else [answer]
         assert not late.what.startswith("FUSED") or isinstance(answer, StoreUnavailable) or (
-            not answer.acquired), f"S7: the late {late.what} took the lock and pushed its message"
+            not any(a.acquired for a in answers)), (
+            f"S7: the late {late.what} took the lock and pushed its message")
+        owners = late.what.split()[2:] if late.what.startswith("FUSED_MANY") else [late.owner]
+        for owner in owners:
+            self.left_nothing(late, owner, answer)
+
+    def left_nothing(self, late: Any, owner: str, answer: Any) -> None:
+        """S7/W4: what the late call of ``owner`` left, once its caller gave up."""
         if (owner in self.running() or (owner in self.failed and owner not in self.undone)
                 or any(r.owner == owner for r in self.resends)):
             return  # its run still renews what it holds; its undo or re-send is to come
