@@ -127,6 +127,28 @@ def redis_client() -> Any:
 
 
 @pytest.fixture(autouse=True)
+def _celery_app_kept() -> Iterator[None]:
+    """A test leaves Celery's current and default app as it found them (in this thread): an
+    app made with Celery's default ``set_as_current=True``, or a test worker's app left as
+    the default, becomes the app of every later test on that xdist worker, whose shared
+    tasks then publish to a broker that is gone (a CI run once failed so). Put back, and the
+    test that changed them fails, naming them."""
+    from celery import _state
+
+    current, default = _state._tls.current_app, _state.default_app
+    yield
+    now_current, now_default = _state._tls.current_app, _state.default_app
+    if now_current is current and now_default is default:
+        return
+    _state._set_current_app(current)
+    _state.set_default_app(default)
+    pytest.fail(f"the test changed Celery's current app ({current!r} -> {now_current!r}) or "
+                f"default app ({default!r} -> {now_default!r}): make its apps with "
+                f"set_as_current=False, or give them back (tests/fused_app.py "
+                f"keep_default_app)")
+
+
+@pytest.fixture(autouse=True)
 def _clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test starts with empty lock, broker, result and run-record databases."""
     if service_up("redis"):
