@@ -169,9 +169,9 @@ def _captured(job: Any, store: Any, d: Dispatch, args: Any, kwargs: Any, alias: 
 def cloneable(job: Any, message: dict[str, Any], options: dict[str, Any]) -> bool:
     """Would Celery build every other call's message of this batch as ``message`` with the
     call's own fields put in? Not where something may change a message per call: a handler
-    of Celery's publish signals, a task-sent event, a router (``task_routes`` may route by
-    the arguments), a task's own ``shadow_name``, pydantic arguments; nor for a body Celery
-    does not write as JSON text in base64."""
+    of Celery's publish signals, a task-sent event, a task's own ``shadow_name``, pydantic
+    arguments; nor for a body Celery does not write as JSON text in base64. (A router sends
+    every call of a fused batch where it sends the first: :func:`not_batched`.)"""
     conf = job.app.conf
     headers = message.get("headers") or {}
     return (not any(s.receivers for s in (signals.before_task_publish,

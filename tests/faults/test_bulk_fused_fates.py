@@ -16,6 +16,7 @@ import pytest
 
 from dedup_jobs.engine.rollback import rollbacks
 from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.stores import get_store
 from tests.faults.proxy import Proxy
 from tests.faults.servers import RedisServer
 from tests.faults.store import LEASE_SECONDS, faulty_store, lock_of
@@ -99,15 +100,23 @@ def test_a_batch_whose_reply_is_late_raises_and_the_undo_takes_back_everything(
         _runs_once(fapp, tokens, 100)
 
 
-def test_a_batch_never_sent_leaves_nothing(fapp: FusedApp, store_proxy: Proxy) -> None:
-    with faulty_store(store_proxy.url()):
+def test_a_batch_never_sent_leaves_nothing(
+    fapp: FusedApp, store_proxy: Proxy, monkeypatch: Any
+) -> None:
+    with faulty_store(store_proxy.url()) as alias:
         _warm(fapp)
         tokens = [token() for _ in range(BATCH)]
         undos = rollbacks.pending()
+        store = get_store(alias)
+        batches: list[int] = []  # the fused batch's calls (no other path makes them)
+        real = store.acquire_fused_many
+        monkeypatch.setattr(store, "acquire_fused_many",
+                            lambda calls: (batches.append(len(calls)), real(calls))[1])
         store_proxy.blackhole()  # read and never forwarded
         with pytest.raises(StoreUnavailable):
             _batch(fapp, tokens)
         store_proxy.pass_through()
+        assert batches == [BATCH]
         wait_for(lambda: rollbacks.pending() <= undos, timeout=LEASE_SECONDS + 2)
         _no_trace(fapp, tokens)
         _runs_once(fapp, tokens, 200)

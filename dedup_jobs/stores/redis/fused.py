@@ -74,13 +74,9 @@ class RedisFused:
         """The lock of ``call`` and, when it is taken, its message pushed: one round trip.
         StoreUnavailable as :meth:`acquire` (never sent, reply lost past the one re-send,
         reply late): then the lock and the message are both there or neither is."""
-        physical, index = self.place(call.key)
-        keys = [physical, index, call.queue, f"{physical}:pub"]
         for _attempt in range(2):
-            answer = _text(self._eval("FUSED", keys, (
-                call.owner, _ms(call.ttl), self.deadline_ms(), call.key.task_name,
-                call.key.ident, call.request, self.fused_database(), call.database,
-                call.payload, self._tombstone_ms()), call.key.task_name))
+            keys, args = self._fused_command(call, self.deadline_ms())
+            answer = _text(self._eval("FUSED", keys, args, call.key.task_name))
             if answer[0] != "L":
                 return Acquired(acquired=answer[0] == "1", holder=answer[1:])
             self.learn_skew(int(answer[1:]))  # refused as late, answered in time: clock skew
@@ -95,15 +91,19 @@ class RedisFused:
         late call's own re-send failed)."""
         if not calls:
             return []
-        deadline, here, tombstone = self.deadline_ms(), self.fused_database(), self._tombstone_ms()
-        batch = []
-        for call in calls:
-            physical, index = self.place(call.key)
-            batch.append(([physical, index, call.queue, f"{physical}:pub"], (
-                call.owner, _ms(call.ttl), deadline, call.key.task_name, call.key.ident,
-                call.request, here, call.database, call.payload, tombstone)))
+        deadline = self.deadline_ms()
+        batch = [self._fused_command(call, deadline) for call in calls]
         replies = self._send_many("FUSED", batch, calls[0].key.task_name)
         return self.acquired_answers(calls, replies, self.acquire_fused)
+
+    def _fused_command(self, call: FusedCall,
+                       deadline: int) -> tuple[list[str], tuple[Any, ...]]:
+        """The keys and arguments of ``call``'s FUSED script (``fused_scripts.py``)."""
+        physical, index = self.place(call.key)
+        return [physical, index, call.queue, f"{physical}:pub"], (
+            call.owner, _ms(call.ttl), deadline, call.key.task_name, call.key.ident,
+            call.request, self.fused_database(), call.database, call.payload,
+            self._tombstone_ms())
 
     def undo_fused(self, call: FusedCall) -> bool:
         """S7: take back what a failed fused dispatch did: its message off the queue if no
