@@ -9,7 +9,7 @@ import time
 from celery import shared_task
 
 from dedup_jobs import ThrottledJob
-from tests.jobs import record
+from tests.jobs import record, runs_client
 
 
 @shared_task(base=ThrottledJob, name="tests.redteam_rate_limited_one_at_once", concurrency=1,
@@ -24,9 +24,13 @@ def rate_limited_one_at_once(account: int, tag: int = 0, seconds: float = 0.0) -
 
 
 @shared_task(base=ThrottledJob, name="tests.redteam_one_at_once", concurrency=1)
-def one_at_once(tag: int = 0, seconds: float = 0.0) -> int:
+def one_at_once(tag: int = 0, seconds: float = 0.0, until: str = "") -> int:
+    """Runs ``seconds``, or, given ``until``, until that key is set in the runs database
+    (the test ends the run once its waiters are held; at most 60 s)."""
     start = time.time()
     time.sleep(seconds)
+    while until and not runs_client().exists(until) and time.time() - start < 60:
+        time.sleep(0.01)
     record("redteam_one", (tag, start, time.time()))
     return tag
 

@@ -142,7 +142,9 @@ def test_a_late_earliest_waiter_does_not_block_later_wakes(app: Any) -> None:
         with process_worker(concurrency=4, env=env, extra=EXTRA):
             jobs_throttle.one_at_once.delay(tag=0).get(timeout=60)  # the worker is up
             server.hset(hash_key, "avg", 2000)
-            a = task.delay(tag=1, seconds=0.5)
+            # A runs until B and C are held (at least 0.5 s): a run of a fixed 0.5 s could
+            # end before B was even taken under CI's load, and B then ran at once
+            a = task.delay(tag=1, seconds=0.5, until="redteam:a-may-end")
             wait_for(lambda: server.zcard(slots_key) == 1, timeout=30)
             b = task.delay(tag=2)
             wait_for(lambda: server.zscore(wait_key, b.id) is not None, timeout=10)
@@ -151,6 +153,7 @@ def test_a_late_earliest_waiter_does_not_block_later_wakes(app: Any) -> None:
             # B's and C's deferred messages are held by the worker (its timer)
             wait_for(lambda: {b.id, c.id} <= _scheduled(app), timeout=10)
             app.control.revoke(b.id)
+            jobs.runs_client().set("redteam:a-may-end", 1)
             assert a.get(timeout=30) == 1
             a_end = _records("redteam_one")[-1][2]
             # B, woken, never comes back: late once a step has passed
