@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 import redis
+from celery.utils import uuid
 from django.conf import settings
 from django.test import override_settings
 
+from dedup_jobs.jobs.wake import COMMAND
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.throttling import TURN_FACTOR, TURN_PAD, WAKE_AFTER, WAKE_STRETCH
 from tests import jobs, jobs_throttle
+from tests.test_throttle_wake_faults import _scheduled
 from tests.test_throttle_worker import _env
 from tests.workers import process_worker, wait_for
 
@@ -46,11 +49,15 @@ def test_a_freed_slot_is_taken_by_its_waiter_at_once(app: Any) -> None:
                 rate_period=1, lease=60).admitted, timeout=10)
             store.throttle_release(key, "probe")
             server.hset(hash_key, "avg", 4000)  # the runs are expected to take 4 s
-            a = task.delay(tag=1, seconds=1.0)
+            # A runs 1 s, and on until B waits: under load B can be taken after a fixed run
+            a = task.delay(tag=1, seconds=1.0, until="wake:a-may-end")
             wait_for(lambda: server.zcard(slots_key) == 1, timeout=30)  # A runs
             b = task.delay(tag=2)
             wait_for(lambda: server.zscore(wait_key, b.id) is not None, timeout=10)
             turn = float(server.zscore(wait_key, b.id) or 0) / 1000
+            # a wake reaches a message the worker holds, not one still on its way to it
+            wait_for(lambda: b.id in _scheduled(app), timeout=10)
+            jobs.runs_client().set("wake:a-may-end", 1)
             assert a.get(timeout=30) == 1 and b.get(timeout=30) == 2
         runs = _runs()
     a_end, (b_start, _b_end, b_deferred) = runs[1][1], runs[2]
@@ -58,6 +65,36 @@ def test_a_freed_slot_is_taken_by_its_waiter_at_once(app: Any) -> None:
     assert turn - a_end > 2 * WAKE_AFTER + 2, (turn, a_end)  # its turn was seconds away
     assert b_start - a_end < 1.0, (b_start - a_end, turn - a_end)
     assert b_start < turn - 1.0, (b_start, turn)
+
+
+@pytest.mark.redis
+def test_a_wake_that_overtakes_its_message_moves_it_when_it_comes(app: Any) -> None:
+    """A waiter's deferred message is published just before a release wakes it: the wake
+    can reach the worker before the message does (on its way from the deferring process).
+    The worker answers "not held here" and remembers the wake for MISSED_FOR seconds; the
+    message, when it comes, is moved to now. Without that it kept its planned turn: a
+    stretched turn left the freed slot idle 9.9 s in a run of the test above with A ended
+    right after B's deferral."""
+    dedup, env = _env("redis")
+    with override_settings(DEDUP_JOBS=dedup):
+        task = jobs_throttle.one_at_once
+        with process_worker(concurrency=2, env=env):
+            task.delay(tag=0).get(timeout=60)  # the worker is up
+            waiter = uuid()
+            replies = app.control.broadcast(COMMAND, arguments={"task_id": waiter},
+                                            reply=True, timeout=5, limit=1)
+            assert [answer for reply in replies for answer in reply.values()] == [
+                {"ok": "not held here"}], replies
+            sent = time.time()
+            result = task.apply_async(kwargs={"tag": 7}, task_id=waiter, countdown=30)
+            assert result.get(timeout=20) == 7
+            # the wake moved one message, not the next of the same id (the result is the
+            # first's: the run records tell them apart)
+            task.apply_async(kwargs={"tag": 8}, task_id=waiter, countdown=2)
+            wait_for(lambda: 8 in _runs(), timeout=20)
+        runs = _runs()
+    assert runs[7][0] - sent < 10, (runs[7][0] - sent)  # moved: not at its 30 s countdown
+    assert runs[8][0] - runs[7][1] >= 1.9, runs  # the second kept its 2 s countdown
 
 
 

@@ -12,16 +12,21 @@ The worker holding that message (:func:`dedup_jobs_wake`, a remote control comma
 the worker's event loop) moves its timer entry to now: it is admitted as any waiter back for
 its turn. Nothing else changes: no message is added or dropped; a wake that finds no worker
 holding the message (still queued, already run, remote control off) changes nothing but the
-turn on the store, and the waiter comes back for its countdown as before.
+turn on the store, and the waiter comes back for its countdown as before, with one
+exception: the waiter's deferred message may still be on its way (published just before the
+release), so a worker that does not hold it remembers the wake for :data:`MISSED_FOR`
+seconds and moves that message when it comes (:func:`_arrived`, on ``task_received``).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from celery.signals import task_received
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 from kombu.utils.compat import detect_environment
@@ -29,6 +34,16 @@ from kombu.utils.compat import detect_environment
 logger = logging.getLogger("dedup_jobs")
 
 COMMAND = "dedup_jobs_wake"
+#: seconds a worker remembers a wake for a message it does not hold (yet): the waiter's
+#: deferred message, published just before the release, can be overtaken by the wake. Short:
+#: a later message of the same task id (a retry of the run the waiter became) keeps its
+#: countdown once the window has passed.
+MISSED_FOR = 2.0
+#: at most this many remembered wakes (the oldest forgotten first)
+MISSED_MAX = 1024
+#: task id -> monotonic deadline; touched only on the worker's event loop (the remote
+#: control command and ``task_received`` both run there)
+_missed: dict[str, float] = {}
 
 
 def wakeable(app: Any) -> bool:
@@ -75,6 +90,15 @@ def dedup_jobs_wake(state: Any, task_id: str) -> dict[str, str]:
     if timer is None or isinstance(timer, threading.Thread):
         # a timer on a thread of its own could fire the entry while it is moved: left be
         return {"ok": "not on an event loop"}
+    if _move(timer, task_id):
+        return {"ok": "woken"}
+    _remember(task_id, time.monotonic())
+    return {"ok": "not held here"}
+
+
+def _move(timer: Any, task_id: str) -> bool:
+    """Move ``task_id``'s message held in ``timer`` for its countdown to now: False if it is
+    not (or no longer) waiting there."""
     scheduled = getattr(worker_state, "scheduled_requests", None)
     if scheduled is None:  # Celery before 5.7 keeps no index of the requests it holds
         request, entry = _held(timer, task_id)
@@ -87,12 +111,39 @@ def dedup_jobs_wake(state: Any, task_id: str) -> dict[str, str]:
         # not (or no longer) waiting in the timer: its countdown ended (with a rate limit,
         # Celery keeps it scheduled in its bucket until it starts; moved again, it would run
         # twice)
-        return {"ok": "not held here"}
+        return False
     timer.cancel(entry)
     moved = timer.call_after(0, entry.fun, entry.args, entry.kwargs, priority=6)
     if scheduled is not None:
         request._eta_timer_entry = moved
-    return {"ok": "woken"}
+    return True
+
+
+def _remember(task_id: str, now: float) -> None:
+    """Remember a wake that found no message to move, until ``now + MISSED_FOR``."""
+    if len(_missed) >= MISSED_MAX:
+        for stale in [held for held, deadline in _missed.items() if deadline < now]:
+            del _missed[stale]
+        while len(_missed) >= MISSED_MAX:
+            del _missed[next(iter(_missed))]
+    _missed[task_id] = now + MISSED_FOR
+
+
+def _arrived(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """``task_received``: the first message of a remembered wake's task id, if it comes in
+    time with a countdown, is moved to now once Celery has put it in the timer (the strategy
+    does so right after this signal). Any message of that id ends the memory."""
+    if not _missed:
+        return
+    deadline = _missed.pop(str(getattr(request, "id", "")), None)
+    if deadline is None or deadline < time.monotonic() or not getattr(request, "eta", None):
+        return
+    timer = getattr(sender, "timer", None)
+    if timer is not None and not isinstance(timer, threading.Thread):
+        timer.call_after(0, _move, (timer, request.id), priority=6)
+
+
+task_received.connect(_arrived, weak=False)
 
 
 def _held(timer: Any, task_id: str) -> tuple[Any, Any]:

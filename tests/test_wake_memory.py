@@ -1,0 +1,80 @@
+"""The worker's memory of a wake that overtook its message (jobs/wake.py, ``_remember`` and
+``_arrived``): what it keeps, for how long, and which message it moves. The move itself, on a
+real worker, is in tests/test_throttle_wake.py (test_a_wake_that_overtakes_its_message_...)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dedup_jobs.jobs import wake
+
+
+class Timer:
+    """Records what ``_arrived`` asks the event loop's timer to do."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def call_after(self, secs: float, fun: Any, args: tuple[Any, ...], **kwargs: Any) -> None:
+        self.calls.append((secs, fun, args))
+
+
+@pytest.fixture(autouse=True)
+def _empty() -> Iterator[None]:
+    wake._missed.clear()
+    yield
+    wake._missed.clear()
+
+
+def _arrive(task_id: str, *, eta: bool = True, timer: Any = None) -> Timer:
+    timer = Timer() if timer is None else timer
+    request = SimpleNamespace(id=task_id, eta=datetime.now(timezone.utc) if eta else None)
+    wake._arrived(sender=SimpleNamespace(timer=timer), request=request)
+    return timer
+
+
+def test_the_first_message_with_a_countdown_is_moved_once() -> None:
+    wake._remember("w", time.monotonic())
+    timer = _arrive("w")
+    assert [(secs, fun, args[1]) for secs, fun, args in timer.calls] == [(0, wake._move, "w")]
+    assert _arrive("w").calls == []  # the next message of the id keeps its countdown
+    assert _arrive("other").calls == []
+
+
+def test_a_wake_older_than_missed_for_moves_nothing() -> None:
+    wake._remember("w", time.monotonic() - wake.MISSED_FOR - 0.01)
+    assert _arrive("w").calls == []
+    assert "w" not in wake._missed
+
+
+def test_a_message_without_a_countdown_ends_the_memory() -> None:
+    wake._remember("w", time.monotonic())
+    assert _arrive("w", eta=False).calls == []
+    assert _arrive("w").calls == []
+
+
+def test_a_timer_on_a_thread_is_left_be() -> None:
+    wake._remember("w", time.monotonic())
+    thread_timer = threading.Thread(target=lambda: None)
+    _arrive("w", timer=thread_timer)  # no call_after on a thread: nothing to record, no error
+    assert "w" not in wake._missed
+
+
+def test_the_memory_is_bounded_the_oldest_forgotten_first() -> None:
+    now = time.monotonic()
+    for i in range(wake.MISSED_MAX + 10):
+        wake._remember(f"w{i}", now)
+    assert len(wake._missed) == wake.MISSED_MAX
+    assert "w0" not in wake._missed and f"w{wake.MISSED_MAX + 9}" in wake._missed
+    wake._missed.clear()
+    for i in range(wake.MISSED_MAX):
+        wake._remember(f"old{i}", now - wake.MISSED_FOR - 1)  # all stale
+    wake._remember("new", now)
+    assert list(wake._missed) == ["new"]  # stale ones go before any live one
