@@ -63,7 +63,7 @@ def fused_transport(app: Any) -> bool:
         if name:  # (kombu's Redis transport is imported only by those who name this one)
             try:
                 cls = resolve_transport(name)
-                ours = _transport().Transport
+                ours = transport_module().Transport
             except (KeyError, ImportError, AttributeError):
                 cls = ours = None
             # (protocol 1 carries the task id in the body: the channel could not tell the
@@ -74,12 +74,20 @@ def fused_transport(app: Any) -> bool:
     return bool(found)
 
 
-def _transport() -> Any:
+def transport_module() -> Any:
     """``jobs/transport.py``, imported on first use: it imports kombu's Redis transport,
     which needs redis-py (not a dependency of a project on the database store)."""
     from dedup_jobs.jobs import transport
 
     return transport
+
+
+def refuse(job: Any, store: Any, alias: str, why: Exception) -> None:
+    """The transport found that ``job``'s messages cannot be fused on ``store`` (a first try
+    sent nothing): its dispatches take two round trips from now on."""
+    _refused[(job.name, id(store))] = str(why)
+    logger.info("%s: not fused on store %r (%s): two round trips per dispatch.",
+                job.name, alias, why)
 
 
 def why_not_fused_job(job: Any, store: Any, *, batch: bool = False) -> str:
@@ -110,7 +118,7 @@ def why_not_fused(job: Any, store: Any, options: dict[str, Any], *,
         return "a canvas (its id is frozen in a result somebody waits on)"
     producer = options.get("producer")
     if producer is not None and not isinstance(getattr(producer, "channel", None),
-                                               _transport().Channel):
+                                               transport_module().Channel):
         return "a producer of another transport"
     if options.get("connection") is not None or job.app.conf.task_always_eager:
         return "an explicit connection, or eager mode"
@@ -130,7 +138,7 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
                    alias: str, options: dict[str, Any]) -> AsyncResult[Any] | None:
     """The fused dispatch: the caller's result, or None when the message could not be fused
     (nothing sent: the caller takes the two-round-trip way)."""
-    transport = _transport()
+    transport = transport_module()
     pending = transport.Pending(store=store, key=dispatch.key, owner=dispatch.task_id,
                                 ttl=dispatch.ttl, request=dispatch.request)
     failure: StoreUnavailable | None = None
@@ -139,9 +147,7 @@ def dispatch_fused(job: Any, store: Any, dispatch: Dispatch, args: Any, kwargs: 
         result: AsyncResult[Any] = job._publish(args, kwargs, dispatch.task_id, dispatch.key,
                                                 alias, options)
     except transport.Unfusable as exc:
-        _refused[(job.name, id(store))] = str(exc)
-        logger.info("%s: not fused on store %r (%s): two round trips per dispatch.",
-                    job.name, alias, exc)
+        refuse(job, store, alias, exc)
         return None
     except StoreUnavailable as exc:
         failure = exc

@@ -37,7 +37,7 @@ from dedup_jobs.engine.dispatch import Dispatch
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import HEADER, logger
 from dedup_jobs.jobs.calls import Call
-from dedup_jobs.jobs.fused import _refused, _transport, observed, untrail
+from dedup_jobs.jobs.fused import observed, refuse, transport_module, untrail
 from dedup_jobs.jobs.undo import undo_fused
 from dedup_jobs.signals import lock_acquired, notify
 from dedup_jobs.stores.answers import encode_json
@@ -65,7 +65,7 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
                         alias: str, options: dict[str, Any]) -> list[AsyncResult[Any]] | None:
     """The batch's results in order, or None when its messages cannot be fused (nothing
     sent: the caller takes the two-round-trip way)."""
-    transport = _transport()
+    transport = transport_module()
     why = not_batched(job, calls, options)
     if why:
         logger.debug("%s: a batch not fused (%s): two round trips.", job.name, why)
@@ -84,9 +84,7 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
                 if cloneable(job, message, options):
                     template = Template.of(job, call, message, result, options)
     except transport.Unfusable as exc:
-        _refused[(job.name, id(store))] = str(exc)
-        logger.info("%s: not fused on store %r (%s): two round trips per dispatch.",
-                    job.name, alias, exc)
+        refuse(job, store, alias, exc)
         return None
     results: list[AsyncResult[Any]] = []
     parent = job.app.current_worker_task if options.get("add_to_parent", True) else None
@@ -153,7 +151,7 @@ def not_batched(job: Any, calls: list[Call], options: dict[str, Any]) -> str:
 def _captured(job: Any, store: Any, d: Dispatch, args: Any, kwargs: Any, alias: str,
               options: dict[str, Any]) -> tuple[FusedCall, dict[str, Any], AsyncResult[Any]]:
     """The message Celery builds for one call, stopped at the channel (not sent)."""
-    transport = _transport()
+    transport = transport_module()
     pending = transport.Pending(store=store, key=d.key, owner=d.task_id, ttl=d.ttl,
                                 request=d.request, capture=True)
     token = transport.PENDING.set(pending)
@@ -236,7 +234,7 @@ class Template:
             raise EncodeError(exc) from exc
         message = dict(self.message, headers=headers, properties=properties,
                        body=b64encode(body).decode("ascii"))
-        call: FusedCall = _transport().FusedCall(
+        call: FusedCall = transport_module().FusedCall(
             key=d.key, owner=owner, ttl=d.ttl, request=d.request, queue=self.queue,
             database=self.database, payload=encode_json(message))
         result: AsyncResult[Any] = job.AsyncResult(owner)
