@@ -21,17 +21,26 @@ _lock = threading.Lock()
 
 def celery_app() -> Any:
     """The project's Celery app. ``current_app`` is per thread: in a thread that never set
-    it (a web server's worker thread) it is Celery's unconfigured fallback, so take the
-    first app the project created instead."""
+    it (a web server's worker thread) it is the default app. That is the project's own where
+    the project called ``app.set_default()``; else it is Celery's unconfigured fallback
+    (named "default", made on first use), so take the first app the project created."""
     from celery import _state
 
     state: Any = _state  # private in celery-types; stable since Celery 3
     mine = state._tls.current_app
     if mine is not None:
         return mine
-    fallback = state.default_app
-    apps = [app for app in state._get_active_apps() if app is not fallback]
+    default = state.default_app
+    if default is not None and not _celery_fallback(default):
+        return default
+    apps = [app for app in state._get_active_apps() if app is not default]
     return apps[0] if apps else current_app._get_current_object()  # type: ignore[attr-defined]
+
+
+def _celery_fallback(app: Any) -> bool:
+    """Is ``app`` the one Celery makes when nothing set a default (``celery._state``:
+    ``Celery('default', fixups=[], set_as_current=False)``)?"""
+    return app.main == "default" and not app.fixups
 
 
 def dedup_jobs() -> list[DedupJob]:
