@@ -225,7 +225,7 @@ def test_two_slots_freed_together_wake_two_waiters(app: Any) -> None:
     turn, stretched 2x (~9.6 s after the runs' start for a 4 s average): the second slot
     idles for seconds although a waiter is held for it.
 
-    Two runs A1, A2 ending at the same instant ~1 s after their start (concurrency=2, the
+    Two runs A1, A2 ending at the same instant once B and C are held (concurrency=2, the
     key's average run set to 4 s), waiters B and C deferred: both should start within a
     second of A1/A2's end."""
     dedup, env = _env("redis")
@@ -238,13 +238,16 @@ def test_two_slots_freed_together_wake_two_waiters(app: Any) -> None:
         with process_worker(concurrency=4, env=env, extra=EXTRA):
             jobs_throttle.one_at_once.delay(tag=0).get(timeout=60)  # the worker is up
             server.hset(hash_key, "avg", 4000)
-            end_at = time.time() + 1.5
-            firsts = [task.delay(tag=1, end_at=end_at), task.delay(tag=2, end_at=end_at)]
+            # the first runs end together once the waiters are held (a fixed end could come
+            # before a loaded worker took the waiters, which then ran at once)
+            firsts = [task.delay(tag=1, until="redteam:firsts-end"),
+                      task.delay(tag=2, until="redteam:firsts-end")]
             wait_for(lambda: server.zcard(slots_key) == 2, timeout=30)
-            # the waiters run until 3 s after the first runs' end (a release of theirs
-            # would call the other)
-            waiters = [task.delay(tag=3, end_at=end_at + 3), task.delay(tag=4, end_at=end_at + 3)]
+            # the waiters run 3 s (a release of theirs would call the other)
+            waiters = [task.delay(tag=3, seconds=3.0), task.delay(tag=4, seconds=3.0)]
             wait_for(lambda: server.zcard(wait_key) == 2, timeout=10)
+            wait_for(lambda: {w.id for w in waiters} <= _scheduled(app), timeout=10)
+            jobs.runs_client().set("redteam:firsts-end", 1)
             assert [r.get(timeout=30) for r in firsts + waiters] == [1, 2, 3, 4]
         runs = {tag: (start, end) for tag, start, end in _records("redteam_two")}
     freed = max(runs[1][1], runs[2][1])
