@@ -27,6 +27,13 @@ def runs(name: str) -> list[str]:
     return [v.decode() for v in runs_client().lrange(f"runs:{name}", 0, -1)]
 
 
+def hold_until_set(key: str, started: float, interval: float = 0.01) -> None:
+    """In a job body: wait until the test sets ``key`` in the runs database (the test ends
+    the run when what it needs is in place), at most 60 s after ``started``."""
+    while key and not runs_client().exists(key) and time.time() - started < 60:
+        time.sleep(interval)
+
+
 @shared_task(base=UniqueJob, unique_for=60, name="tests.unique_sleep")
 def unique_sleep(item: int, seconds: float = 0.0) -> int:
     record("unique_sleep", item)

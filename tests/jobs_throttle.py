@@ -8,7 +8,7 @@ import time
 from celery import shared_task
 
 from dedup_jobs import DebouncedJob, ThrottledJob, UniqueJob
-from tests.jobs import record, runs_client
+from tests.jobs import hold_until_set, record
 
 
 @shared_task(base=ThrottledJob, name="tests.two_at_once", concurrency=2,
@@ -113,8 +113,7 @@ def one_at_once(tag: int = 0, seconds: float = 0.0, until: str = "") -> int:
     (the test ends the run once its waiter is held; at most 60 s)."""
     start = time.time()
     time.sleep(seconds)
-    while until and not runs_client().exists(until) and time.time() - start < 60:
-        time.sleep(0.01)
+    hold_until_set(until, start)
     deferred = one_at_once.request.eta is not None
     record("one_at_once", (tag, start, time.time(), deferred))
     return tag

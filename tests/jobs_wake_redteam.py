@@ -9,7 +9,7 @@ import time
 from celery import shared_task
 
 from dedup_jobs import ThrottledJob
-from tests.jobs import record, runs_client
+from tests.jobs import hold_until_set, record
 
 
 @shared_task(base=ThrottledJob, name="tests.redteam_rate_limited_one_at_once", concurrency=1,
@@ -29,22 +29,18 @@ def one_at_once(tag: int = 0, seconds: float = 0.0, until: str = "") -> int:
     (the test ends the run once its waiters are held; at most 60 s)."""
     start = time.time()
     time.sleep(seconds)
-    while until and not runs_client().exists(until) and time.time() - start < 60:
-        time.sleep(0.01)
+    hold_until_set(until, start)
     record("redteam_one", (tag, start, time.time()))
     return tag
 
 
 @shared_task(base=ThrottledJob, name="tests.redteam_two_at_once_until", concurrency=2)
-def two_at_once_until(tag: int = 0, end_at: float = 0.0, until: str = "",
-                      seconds: float = 0.0) -> int:
-    """concurrency=2; the body ends at ``end_at`` (wall clock), or once the key ``until`` is
-    set in the runs database (at most 60 s), then runs ``seconds`` more: runs that end
-    together, as runs waiting on one external event (a batch, a shared resource) do."""
+def two_at_once_until(tag: int = 0, until: str = "", seconds: float = 0.0) -> int:
+    """concurrency=2; the body runs until the key ``until`` is set in the runs database (at
+    most 60 s), then ``seconds`` more: runs that end together, as runs waiting on one
+    external event (a batch, a shared resource) do."""
     start = time.time()
-    time.sleep(max(0.0, end_at - time.time()))
-    while until and not runs_client().exists(until) and time.time() - start < 60:
-        time.sleep(0.005)
+    hold_until_set(until, start, interval=0.005)
     time.sleep(seconds)
     record("redteam_two", (tag, start, time.time()))
     return tag
