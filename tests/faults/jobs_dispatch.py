@@ -1,5 +1,6 @@
-"""Jobs of the dispatch-fate tests (tests/faults/test_dispatch_fates.py): a replace UniqueJob,
-a cancel_running one.
+"""Jobs of the dispatch-fate tests (tests/faults/test_dispatch_fates.py): a cancel_running
+UniqueJob (their replace job is tests/faults/jobs.py's ``fault_replace``, one task name, one
+callable).
 Its body is recorded like every fault job (tests/faults/jobs.py: ``bodies``). Imported by the
 test process and, through ``CELERY_IMPORTS`` of tests/faults/settings_dispatch.py, by the
 subprocess worker of those tests."""
@@ -12,21 +13,7 @@ import time
 from celery import shared_task
 
 from dedup_jobs import UniqueJob
-from tests.faults.jobs import _body, mark
-
-
-@shared_task(
-    bind=True,
-    base=UniqueJob,
-    unique_for=60,
-    unique_on=("token",),
-    on_duplicate="replace",
-    name="tests.faults.replace",
-)
-def fault_replace(self: UniqueJob, token: str, value: int = 0) -> int:
-    """A UniqueJob with ``on_duplicate = "replace"`` (R1)."""
-    _body(self, token, 0.0, "", value)
-    return value
+from tests.faults.jobs import mark
 
 
 @shared_task(

@@ -27,8 +27,8 @@ from dedup_jobs.signals import unique_job_cancelled
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.redis import scripts
 from dedup_jobs.stores.redis.scripts import SHA
-from tests.faults.jobs import bodies, fault_unique
-from tests.faults.jobs_dispatch import fault_cancel, fault_replace
+from tests.faults.jobs import bodies, fault_replace, fault_unique
+from tests.faults.jobs_dispatch import fault_cancel
 from tests.faults.proxy import Proxy, redis_proxy
 from tests.faults.servers import RedisServer
 from tests.faults.store import LEASE_SECONDS, STORE_TIMEOUT, faulty_store, lock_of, until
