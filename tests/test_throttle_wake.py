@@ -14,7 +14,7 @@ from celery.utils import uuid
 from django.conf import settings
 from django.test import override_settings
 
-from dedup_jobs.jobs.wake import COMMAND
+from dedup_jobs.jobs.wake import AGAIN, COMMAND
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.throttling import TURN_FACTOR, TURN_PAD, WAKE_AFTER, WAKE_STRETCH
 from tests import jobs, jobs_throttle
@@ -74,28 +74,42 @@ def test_a_wake_that_overtakes_its_message_moves_it_when_it_comes(app: Any) -> N
     The worker answers "not held here" and remembers the wake for MISSED_FOR seconds; the
     message, when it comes, is moved to now. Without that it kept its planned turn: a
     stretched turn left the freed slot idle 9.9 s in a run of the test above with A ended
-    right after B's deferral."""
+    right after B's deferral. Only a re-publish of the same try is moved: a retry of the run
+    the waiter became (its headers copied, one more retry) keeps its countdown."""
     dedup, env = _env("redis")
     with override_settings(DEDUP_JOBS=dedup):
         task = jobs_throttle.one_at_once
         with process_worker(concurrency=2, env=env):
             task.delay(tag=0).get(timeout=60)  # the worker is up
             waiter = uuid()
-            replies = app.control.broadcast(COMMAND, arguments={"task_id": waiter},
-                                            reply=True, timeout=5, limit=1)
-            assert [answer for reply in replies for answer in reply.values()] == [
-                {"ok": "not held here"}], replies
+
+            def wake_finds_nothing() -> None:
+                replies = app.control.broadcast(COMMAND, arguments={"task_id": waiter},
+                                                reply=True, timeout=5, limit=1)
+                assert [answer for reply in replies for answer in reply.values()] == [
+                    {"ok": "not held here"}], replies
+
+            wake_finds_nothing()
             sent = time.time()
-            result = task.apply_async(kwargs={"tag": 7}, task_id=waiter, countdown=30)
+            # the deferred message, as DedupJob.publish_again sends it (its first try)
+            result = task.apply_async(kwargs={"tag": 7}, task_id=waiter, countdown=30,
+                                      headers={AGAIN: 0})
             assert result.get(timeout=20) == 7
             # the wake moved one message, not the next of the same id (the result is the
             # first's: the run records tell them apart)
-            task.apply_async(kwargs={"tag": 8}, task_id=waiter, countdown=2)
+            task.apply_async(kwargs={"tag": 8}, task_id=waiter, countdown=2,
+                             headers={AGAIN: 0})
             wait_for(lambda: 8 in _runs(), timeout=20)
+            # a retry of that run, reaching a worker that remembers a wake of its id
+            wake_finds_nothing()
+            retried = time.time()
+            task.apply_async(kwargs={"tag": 9}, task_id=waiter, countdown=2, retries=1,
+                             headers={AGAIN: 0})
+            wait_for(lambda: 9 in _runs(), timeout=20)
         runs = _runs()
     assert runs[7][0] - sent < 10, (runs[7][0] - sent)  # moved: not at its 30 s countdown
     assert runs[8][0] - runs[7][1] >= 1.9, runs  # the second kept its 2 s countdown
-
+    assert runs[9][0] - retried >= 1.9, (runs[9][0] - retried)  # the retry kept its own
 
 
 def _admit(store: Any, key: Any, owner: str, *, wakes: bool = False) -> Any:

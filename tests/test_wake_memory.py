@@ -33,9 +33,14 @@ def _empty() -> Iterator[None]:
     wake._missed.clear()
 
 
-def _arrive(task_id: str, *, eta: bool = True, timer: Any = None) -> Timer:
+def _arrive(task_id: str, *, eta: bool = True, timer: Any = None,
+            headers: dict[str, Any] | None = None) -> Timer:
+    """A message of ``task_id`` received (by default a re-publish of a first try, as
+    DedupJob.publish_again sends it)."""
     timer = Timer() if timer is None else timer
-    request = SimpleNamespace(id=task_id, eta=datetime.now(timezone.utc) if eta else None)
+    request = SimpleNamespace(id=task_id, eta=datetime.now(timezone.utc) if eta else None,
+                              request_dict={"retries": 0, wake.AGAIN: 0} if headers is None
+                              else headers)
     wake._arrived(sender=SimpleNamespace(timer=timer), request=request)
     return timer
 
@@ -46,6 +51,22 @@ def test_the_first_message_with_a_countdown_is_moved_once() -> None:
     assert [(secs, fun, args[1]) for secs, fun, args in timer.calls] == [(0, wake._move, "w")]
     assert _arrive("w").calls == []  # the next message of the id keeps its countdown
     assert _arrive("other").calls == []
+
+
+@pytest.mark.parametrize("headers", [
+    pytest.param({"retries": 0}, id="a plain publish"),
+    pytest.param({"retries": 1, wake.AGAIN: 0}, id="a retry of the woken run"),
+    pytest.param({wake.AGAIN: 0}, id="no retries header"),
+])
+def test_only_a_re_publish_of_the_same_try_is_moved(headers: dict[str, Any]) -> None:
+    """A message of the id that is not publish_again's for the try it carries (a user's own
+    publish with a countdown, a retry whose headers were copied from a re-published
+    message) keeps its countdown, and ends the memory."""
+    wake._remember("w", time.monotonic())
+    assert _arrive("w", headers=headers).calls == []
+    assert "w" not in wake._missed
+    wake._remember("w", time.monotonic())
+    assert len(_arrive("w", headers={"retries": 3, wake.AGAIN: 3}).calls) == 1
 
 
 def test_a_wake_older_than_missed_for_moves_nothing() -> None:

@@ -16,7 +16,7 @@ from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.jobs.calls import checked_calls, refuse_one_message_options
-from dedup_jobs.jobs.wake import wakeable, waker
+from dedup_jobs.jobs.wake import AGAIN, wakeable, waker
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
@@ -230,7 +230,9 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         options = dict(signature.options)
         task_id = str(options.pop("task_id", None) or request.id)
         options.pop("eta", None)
-        options = {**options, "countdown": countdown}
+        # AGAIN: the wake may move it (jobs/wake.py); a retry copies it with one more retry
+        headers = {**(options.get("headers") or {}), AGAIN: int(request.retries or 0)}
+        options = {**options, "countdown": countdown, "headers": headers}
         if finish is not None:
             options = finish(options)
         DjangoTask.apply_async(self, args, kwargs, task_id, **options)

@@ -15,7 +15,9 @@ holding the message (still queued, already run, remote control off) changes noth
 turn on the store, and the waiter comes back for its countdown as before, with one
 exception: the waiter's deferred message may still be on its way (published just before the
 release), so a worker that does not hold it remembers the wake for :data:`MISSED_FOR`
-seconds and moves that message when it comes (:func:`_arrived`, on ``task_received``).
+seconds and moves that message when it comes (:func:`_arrived`, on ``task_received``). Only
+a re-publish (:data:`AGAIN`) of the try the message carries is moved: a retry of the run the
+waiter became, reaching such a worker, keeps its countdown.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ COMMAND = "dedup_jobs_wake"
 MISSED_FOR = 2.0
 #: at most this many remembered wakes (the oldest forgotten first)
 MISSED_MAX = 1024
+#: the header DedupJob.publish_again marks its re-publish with: the retries of the try it
+#: re-publishes (a retry copies the header on, with one more retry: it is not moved)
+AGAIN = "dedup_jobs_again"
 #: task id -> monotonic deadline; touched only on the worker's event loop (the remote
 #: control command and ``task_received`` both run there)
 _missed: dict[str, float] = {}
@@ -131,13 +136,18 @@ def _remember(task_id: str, now: float) -> None:
 
 def _arrived(sender: Any = None, request: Any = None, **_: Any) -> None:
     """``task_received``: the first message of a remembered wake's task id, if it comes in
-    time with a countdown, is moved to now once Celery has put it in the timer (the strategy
-    does so right after this signal). Any message of that id ends the memory."""
+    time with a countdown and is a re-publish of the try it carries (:data:`AGAIN`), is moved
+    to now once Celery has put it in the timer (the strategy does so right after this
+    signal). Any message of that id ends the memory."""
     if not _missed:
         return
     deadline = _missed.pop(str(getattr(request, "id", "")), None)
     if deadline is None or deadline < time.monotonic() or not getattr(request, "eta", None):
         return
+    headers = getattr(request, "request_dict", None) or {}
+    retries = headers.get("retries")
+    if retries is None or headers.get(AGAIN) != retries:
+        return  # not a waiter's re-publish: a retry (one more try), or the user's own publish
     timer = getattr(sender, "timer", None)
     if timer is not None and not isinstance(timer, threading.Thread):
         timer.call_after(0, _move, (timer, request.id), priority=6)
