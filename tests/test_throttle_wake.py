@@ -18,8 +18,8 @@ from dedup_jobs.jobs.wake import AGAIN, COMMAND
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.throttling import TURN_FACTOR, TURN_PAD, WAKE_AFTER, WAKE_STRETCH
 from tests import jobs, jobs_throttle
-from tests.test_throttle_wake_faults import _scheduled
 from tests.test_throttle_worker import _env
+from tests.throttle_support import scheduled
 from tests.workers import process_worker, wait_for
 
 
@@ -56,7 +56,7 @@ def test_a_freed_slot_is_taken_by_its_waiter_at_once(app: Any) -> None:
             wait_for(lambda: server.zscore(wait_key, b.id) is not None, timeout=10)
             turn = float(server.zscore(wait_key, b.id) or 0) / 1000
             # a wake reaches a message the worker holds, not one still on its way to it
-            wait_for(lambda: b.id in _scheduled(app), timeout=10)
+            wait_for(lambda: b.id in scheduled(app), timeout=10)
             jobs.runs_client().set("wake:a-may-end", 1)
             assert a.get(timeout=30) == 1 and b.get(timeout=30) == 2
         runs = _runs()

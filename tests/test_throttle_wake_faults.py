@@ -17,15 +17,10 @@ from django.test import override_settings
 from dedup_jobs.stores import get_store
 from tests import jobs, jobs_throttle, jobs_wake_redteam
 from tests.test_throttle_worker import _env, most_at_once
+from tests.throttle_support import scheduled
 from tests.workers import process_worker, wait_for
 
 EXTRA = ("-I", "tests.jobs_wake_redteam")
-
-
-def _scheduled(app: Any) -> set[str]:
-    """The task ids the workers hold for a countdown (``inspect scheduled``)."""
-    replies = app.control.inspect(timeout=1.0).scheduled() or {}
-    return {entry["request"]["id"] for held in replies.values() for entry in held}
 
 
 def _records(name: str) -> list[Any]:
@@ -151,7 +146,7 @@ def test_a_late_earliest_waiter_does_not_block_later_wakes(app: Any) -> None:
             c = task.delay(tag=3)
             wait_for(lambda: server.zscore(wait_key, c.id) is not None, timeout=10)
             # B's and C's deferred messages are held by the worker (its timer)
-            wait_for(lambda: {b.id, c.id} <= _scheduled(app), timeout=10)
+            wait_for(lambda: {b.id, c.id} <= scheduled(app), timeout=10)
             app.control.revoke(b.id)
             jobs.runs_client().set("redteam:a-may-end", 1)
             assert a.get(timeout=30) == 1
@@ -246,7 +241,7 @@ def test_two_slots_freed_together_wake_two_waiters(app: Any) -> None:
             # the waiters run 3 s (a release of theirs would call the other)
             waiters = [task.delay(tag=3, seconds=3.0), task.delay(tag=4, seconds=3.0)]
             wait_for(lambda: server.zcard(wait_key) == 2, timeout=10)
-            wait_for(lambda: {w.id for w in waiters} <= _scheduled(app), timeout=10)
+            wait_for(lambda: {w.id for w in waiters} <= scheduled(app), timeout=10)
             jobs.runs_client().set("redteam:firsts-end", 1)
             assert [r.get(timeout=30) for r in firsts + waiters] == [1, 2, 3, 4]
         runs = {tag: (start, end) for tag, start, end in _records("redteam_two")}

@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -81,3 +82,9 @@ def admitted_at(admissions: list[tuple[float, str]], task_ids: list[str]) -> lis
     (a deferred message calls again, with the same task id, until one admits it)."""
     return [max(at for at, command in admissions if task_id in command)
             for task_id in task_ids]
+
+
+def scheduled(app: Any) -> set[str]:
+    """The task ids the workers hold for a countdown (``inspect scheduled``)."""
+    replies = app.control.inspect(timeout=1.0).scheduled() or {}
+    return {entry["request"]["id"] for held in replies.values() for entry in held}
