@@ -1,5 +1,6 @@
 """The worker's memory of a wake that overtook its message (jobs/wake.py, ``_remember`` and
-``_arrived``): what it keeps, for how long, and which message it moves. The move itself, on a
+``_arrived``): what it keeps, for how long, and which message it moves (a waiter's
+re-publish, marked by DedupJob.publish_again, not a retry of it). The move itself, on a
 real worker, is in tests/test_throttle_wake.py (test_a_wake_that_overtakes_its_message_...)."""
 
 from __future__ import annotations
@@ -99,3 +100,46 @@ def test_the_memory_is_bounded_the_oldest_forgotten_first() -> None:
         wake._remember(f"old{i}", now - wake.MISSED_FOR - 1)  # all stale
     wake._remember("new", now)
     assert list(wake._missed) == ["new"]  # stale ones go before any live one
+
+
+def test_publish_again_marks_its_try_and_a_retry_of_it_does_not_match(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The publishing side of the mark, with Celery's own code: DedupJob.publish_again
+    (every waiter's re-publish) sets AGAIN to the retries its message carries, and
+    ``retry()`` of the run such a message became copies the header on with one more try,
+    so the wake's memory moves the first and never the second."""
+    from celery.contrib.django.task import DjangoTask
+
+    from tests import jobs_throttle
+
+    task = jobs_throttle.one_at_once
+    sent: list[tuple[str | None, dict[str, Any]]] = []
+
+    def capture(self: Any, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                **options: Any) -> None:
+        sent.append((task_id, options))
+
+    monkeypatch.setattr(DjangoTask, "apply_async", capture)
+
+    def matches(options: dict[str, Any]) -> bool:
+        wake._missed.clear()
+        wake._remember("w", time.monotonic())
+        headers = {"retries": options["retries"], **options["headers"]}
+        return len(_arrive("w", headers=headers).calls) == 1
+
+    task.push_request(id="w", retries=1, args=[], kwargs={"tag": 1}, headers={},
+                      delivery_info={"exchange": "", "routing_key": "celery"},
+                      called_directly=False, is_eager=False)
+    try:
+        task.publish_again((), {"tag": 1}, 5.0)  # the waiter's re-publish
+        (_, again), = sent
+        assert again["headers"][wake.AGAIN] == again["retries"] == 1
+        assert matches(again)
+        task.request.headers = again["headers"]  # the run that message became
+        task.retry(countdown=60, throw=False)
+    finally:
+        task.pop_request()
+    (_, retry), = sent[1:]
+    assert retry["headers"][wake.AGAIN] == 1 and retry["retries"] == 2, retry
+    assert not matches(retry)
