@@ -5,8 +5,10 @@ server's request thread)."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
+import pytest
 from celery import Celery, _state
 
 from dedup_jobs.jobs import registry
@@ -36,14 +38,19 @@ def test_the_app_the_project_made_the_default_beside_another_app() -> None:
         _state._apps.discard(other)
 
 
-def test_celery_s_own_fallback_is_not_taken_for_the_project_s_app() -> None:
+def test_celery_s_own_fallback_is_not_taken_for_the_project_s_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Where nothing made the project's app the default, Celery's fallback app (``default``,
-    made on first use of ``current_app``) is not it: the first app the project created is."""
+    made on first use of ``current_app``) is not it: the project's app is. The live apps are
+    just those two here: another test's app still alive in this process would be as good a
+    pick (Celery keeps its apps in a WeakSet, in no order)."""
     fallback = Celery("default", fixups=[], set_as_current=False)
+    _state._apps.discard(fallback)
+    monkeypatch.setattr(_state, "_apps", weakref.WeakSet([project_app, fallback]))
     kept = _state.default_app
     _state.default_app = fallback
     try:
         assert _from_another_thread() is project_app
     finally:
-        _state.default_app = kept
-        _state._apps.discard(fallback)
+        _state.default_app = kept  # before the conftest's check of the default app

@@ -23,7 +23,8 @@ def celery_app() -> Any:
     """The project's Celery app. ``current_app`` is per thread: in a thread that never set
     it (a web server's worker thread) it is the default app. That is the project's own where
     the project called ``app.set_default()``; else it is Celery's unconfigured fallback
-    (named "default", made on first use), so take the first app the project created."""
+    (named "default", made on first use), so take another live app (Celery keeps them in a
+    WeakSet: with several, any of them)."""
     from celery import _state
 
     state: Any = _state  # private in celery-types; stable since Celery 3
