@@ -95,7 +95,7 @@ def part_limits_per_call(command: Any) -> None:
         return
     finally:
         job_deferred.disconnect(dispatch_uid="demo-per-plan-deferred")
-    for plan, task_id, start, end in runs:
+    for plan, task_id, start, end in sorted(runs, key=lambda run: run[2]):  # by start
         note = " (waited for the free slot)" if task_id in deferred else ""
         command.say(f"   +{start - t0:.2f}s to +{end - t0:.2f}s  {plan:<4} export, task "
                     f"{task_id[:8]}{note}")
