@@ -160,6 +160,18 @@ def default_id(
     return ",".join(f"{name}={_encode(task_name, name, arguments[name], hook)}" for name in names)
 
 
+def fields_problem(option: str, fields: Any) -> str | None:
+    """What is wrong with a ``unique_on`` / ``debounce_on`` / ``throttle_on`` value (a tuple
+    or list of argument names), or None (None itself: every argument)."""
+    if fields is None:
+        return None
+    if isinstance(fields, tuple | list) and all(isinstance(f, str) for f in fields):
+        return None
+    example = f"({fields!r},)" if isinstance(fields, str) else "('product_id',)"
+    return (f"{option} = {fields!r} must be a tuple of argument names, e.g. {example} "
+            f"(or None for every argument).")
+
+
 def id_problem(ident: str) -> str | None:
     """Why no store can hold ``ident`` (ends with what to do), or None. PostgreSQL text
     refuses NUL; an unpaired surrogate (what ``os.fsdecode`` leaves for undecodable bytes)

@@ -40,6 +40,20 @@ def test_unique_on_must_be_a_tuple_of_names() -> None:
         make(UniqueJob, unique_on="product_id")
 
 
+@pytest.mark.parametrize(("base", "option", "more"), [
+    (UniqueJob, "unique_on", {}),
+    (DebouncedJob, "debounce_on", {"debounce_for": 1}),
+    (UniqueJob, "throttle_on", {"concurrency": 1}),
+])
+@pytest.mark.parametrize("value", [123, {"product_id"}])
+def test_key_fields_that_are_no_tuple_of_names_are_refused_by_name(
+        base: type, option: str, more: dict[str, Any], value: Any) -> None:
+    """A non-iterable (or a set, whose order is not stable across processes) is refused at
+    class creation naming the value, not with a bare TypeError at dispatch."""
+    with pytest.raises(InvalidJobConfiguration, match=rf"{option} = {value!r}.*tuple"):
+        make(base, **{option: value, **more})
+
+
 def test_on_duplicate_choice() -> None:
     with pytest.raises(InvalidJobConfiguration, match="on_duplicate = 'ignore'"):
         make(UniqueJob, on_duplicate="ignore")

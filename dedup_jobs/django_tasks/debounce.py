@@ -91,12 +91,21 @@ class Burst:
     def undo(self) -> None:
         """S7 (and a failed enqueue): take back the burst this enqueue started, or withdraw
         it from the one it was absorbed into, once the store answers."""
+        rollbacks.add(f"debounce burst {self.key.key} of never-enqueued task {self.owner}",
+                      self._take_back, store=self.store, lifetime=STATE_GRACE)
+
+    def abandon(self) -> None:
+        """The enqueue failed after the store answered: take its trace back now (the
+        caller's next enqueue sees the burst as it was), or once the store answers."""
+        try:
+            self._take_back()
+        except StoreUnavailable:
+            self.undo()
+
+    def _take_back(self) -> bool:
         store, key, owner = self.store, self.key, self.owner
         assert owner is not None
-        rollbacks.add(
-            f"debounce burst {key.key} of never-enqueued task {owner}",
-            lambda: debounce.take(store, key, owner) is not None or store.withdraw(key, owner),
-            store=store, lifetime=STATE_GRACE)
+        return debounce.take(store, key, owner) is not None or store.withdraw(key, owner)
 
 
 class DebouncedTaskMixin(TaskMixin):
@@ -135,8 +144,13 @@ class DebouncedTaskMixin(TaskMixin):
                 if burst.absorbed_into is not None and burst.owner is not None:
                     backends.discard(backend, burst.owner, atomic=True)
         except BaseException:
-            if burst.started:
-                burst.undo()
+            # S4/S7: an enqueue that raised leaves no task queued (django-tasks-rq queues
+            # the job before task_enqueued) and no trace in the burst: neither the burst it
+            # started nor, absorbed, its arguments as the burst's latest
+            if burst.owner is not None:
+                backends.discard(backend, burst.owner)
+            if burst.started or burst.absorbed_into is not None:
+                burst.abandon()
             raise
         metrics.decision(options.label, "dispatched")
         if burst.absorbed_into is not None:
@@ -161,8 +175,15 @@ def run_burst(options: DebounceOptions, result: Any,
     """The burst of ``result`` (its message) at the worker: claimed and run with the latest
     arguments when due; waited for until then."""
     owner = str(result.id)
-    store = options.store()
-    key = options.key(result.args, result.kwargs, store)
+    try:
+        store = options.store()
+        key = options.key(result.args, result.kwargs, store)
+    except Exception:
+        # W4/D7: a task enqueued around the decorator whose key cannot be computed runs
+        enqueue.logger.warning("%s[%s]: no debounce key could be computed; running with "
+                               "this task's own arguments.", options.label, owner,
+                               exc_info=True)
+        return runner(result.args, result.kwargs)
     # the longest wait between two looks at a burst that is not due yet
     nap = seconds_at_worker(options.label, "debounce_for", options.debounce_for, result.args,
                             result.kwargs, 1.0)

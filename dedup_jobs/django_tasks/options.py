@@ -132,10 +132,9 @@ def _fields(label: str, option: str, fields: Any,
     """``unique_on`` / ``debounce_on``: a tuple of names the task takes, or None."""
     if fields is None:
         return None
-    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
-        raise InvalidJobConfiguration(
-            f"{label}: {option} = {fields!r} must be a tuple of argument names, "
-            f"e.g. ({fields!r},).")
+    problem = keys.fields_problem(option, fields)
+    if problem:
+        raise InvalidJobConfiguration(f"{label}: {problem}")
     params = signature.parameters.values()
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     unknown = [f for f in fields if f not in names]

@@ -53,8 +53,14 @@ def started_result(task: Any) -> Any:
 def run_checked(task: Any, options: UniqueOptions, result: Any, call: Any) -> Any:
     """Check the lock of ``result``, then ``call()`` under its lease; released at the end."""
     owner = str(result.id)
-    store = options.store()
-    key = options.key(result.args, result.kwargs, store)
+    try:
+        store = options.store()
+        key = options.key(result.args, result.kwargs, store)
+    except Exception:
+        # W4: a task enqueued around the decorator whose key cannot be computed runs
+        logger.warning("%s[%s]: no dedup key could be computed; running unchecked.",
+                       options.label, owner, exc_info=True)
+        return call()
     check = Check(key=key, owner=owner, delivery=new_request_id(), exclusive=False,
                   release=options.release_on_start, redelivered=False)
     resend = None

@@ -63,6 +63,11 @@ class UniqueTaskMixin(TaskMixin):
                 raise DuplicateJob(options.label, key.key, refused.holder) from None
             return marked(holder_result(self, refused.holder), deduplicated=True)
         except BaseException:
+            # U6/S4: no lock without its task, and no task queued for an enqueue that
+            # raised (django-tasks-rq queues the job before task_enqueued; a row of
+            # django-tasks-db is rolled back with the transaction)
+            if decision.owner is not None:
+                backends.discard(backend, decision.owner)
             decision.release()
             raise
         decision.done()

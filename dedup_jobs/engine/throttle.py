@@ -102,12 +102,9 @@ class ThrottleOptions:
         for problem in (concurrency_problem(cls.concurrency), rate_problem(cls.throttle)):
             if problem:
                 raise InvalidJobConfiguration(f"{label}: {problem}")
-        fields = cls.throttle_on
-        if fields is not None and (
-                isinstance(fields, str) or not all(isinstance(f, str) for f in fields)):
-            raise InvalidJobConfiguration(
-                f"{label}: throttle_on = {fields!r} must be a tuple of argument names, e.g. "
-                f"({fields!r},).")
+        problem = keys.fields_problem("throttle_on", cls.throttle_on)
+        if problem:
+            raise InvalidJobConfiguration(f"{label}: {problem}")
 
     def throttled(self) -> bool:
         return self.concurrency is not None or self.throttle is not None

@@ -17,7 +17,7 @@ from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
 from dedup_jobs.jobs.calls import checked_calls, refuse_one_message_options
 from dedup_jobs.jobs.wake import AGAIN, wakeable, waker
-from dedup_jobs.keys import JobKey
+from dedup_jobs.keys import JobKey, fields_problem
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import BaseStore
 
@@ -86,11 +86,9 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         fields = getattr(cls, option, None)
         if fields is None:
             return
-        if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
-            raise InvalidJobConfiguration(
-                f"{cls._job_label()}: {option} = {fields!r} must be a tuple "
-                f"of argument names, e.g. ({fields!r},)."
-            )
+        problem = fields_problem(option, fields)
+        if problem:
+            raise InvalidJobConfiguration(f"{cls._job_label()}: {problem}")
         params = _run_parameters(cls)
         if params is None:
             return
