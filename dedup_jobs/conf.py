@@ -146,15 +146,25 @@ def _reload(*, setting: str, **kwargs: Any) -> None:
 setting_changed.connect(_reload, weak=False, dispatch_uid="dedup_jobs.conf.reload")
 
 
+#: the most seconds an option or setting may be: 100 years. A lock or a burst must fit every
+#: store (Redis counts its lifetime in ms from now, the database store keeps a datetime); a
+#: longer one would fail at the store as an error that reads like an outage.
+MAX_SECONDS = 100 * 365 * 24 * 3600
+
+
 def is_seconds(value: Any) -> bool:
     """Whether ``value`` is a finite number, an int or a float (a bool, NaN or an infinity is
-    not): what every option and setting in seconds must be (A4)."""
+    not), of at most MAX_SECONDS: what every option and setting in seconds must be (A4)."""
     return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value))
+            and math.isfinite(value) and value <= MAX_SECONDS)
 
 
 def not_finite(value: Any) -> str:
-    """Words to add to an error about ``value`` when it is NaN or an infinity, else ""."""
+    """Words to add to an error about ``value`` when it is NaN, an infinity or more than
+    MAX_SECONDS, else ""."""
     if isinstance(value, float) and not math.isfinite(value):
         return " (NaN and the infinities are not: they fail at the first dispatch)"
+    if (not isinstance(value, bool) and isinstance(value, (int, float))
+            and value > MAX_SECONDS):
+        return f" and at most {MAX_SECONDS} (100 years: no store keeps a key longer)"
     return ""

@@ -21,7 +21,7 @@ def make(base: type, name: str = "t.job", **options: Any) -> type:
     return type("Job", (base,), {"name": name, "run": run, **options})
 
 
-@pytest.mark.parametrize("value", [0, -1, "60", True])
+@pytest.mark.parametrize("value", [0, -1, "60", True, 1e10])
 def test_unique_for_must_be_positive_seconds(value: Any) -> None:
     """A3/Section 1: unique_for <= 0 (or not a number) fails at class creation."""
     with pytest.raises(InvalidJobConfiguration, match=f"unique_for = {value!r}"):

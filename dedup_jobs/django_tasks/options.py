@@ -235,7 +235,7 @@ def checked_debounce(label: str, signature: inspect.Signature,
             f"of the call's arguments returning them.")
     max_wait = given.get("max_wait")
     if max_wait is not None and not callable(max_wait) and (
-            not is_seconds(max_wait)
+            not is_seconds(max_wait) or max_wait <= 0
             or (not callable(debounce_for) and max_wait < debounce_for)):
         raise InvalidJobConfiguration(
             f"{label}: max_wait = {max_wait!r} must be a number of seconds no smaller than "

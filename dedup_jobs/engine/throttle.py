@@ -114,6 +114,18 @@ class ThrottleOptions:
         """L1: the limits of one call (see :func:`call_limits`)."""
         return call_limits(self.name, self.concurrency, self.throttle, args, kwargs)
 
+    def retry_keeps_slot(self, ending: tuple[Any, Any], args: Any, kwargs: Any) -> bool:
+        """T2 with L1: does a retry with ``args``/``kwargs`` go on in the slot of the attempt
+        that is ending (its ``(args, kwargs)``: ``ending``)? Only under the same throttle
+        key with a concurrency limit; otherwise that slot is released when the attempt
+        ends, as after a run, for the retry's admission never frees it."""
+        try:
+            same = self.throttle_key(*ending) == self.throttle_key(args, kwargs)
+            concurrency, _rate = self.limits_for(args, kwargs)
+        except Exception:  # the retry's own admission refuses it, naming the value
+            return False
+        return same and bool(concurrency)
+
     def throttle_alias(self) -> str:
         via = self.throttle_via
         if callable(via):
@@ -240,8 +252,10 @@ def holding(slot: Slot | None, sender: Any, request: Any,
         keep = True
         raise
     finally:
-        keep = keep or bool(getattr(request, "dedup_handed_over", False)
-                            or getattr(request, "dedup_slot_kept", False))
+        kept = getattr(request, "dedup_slot_kept", None)
+        keep = keep or bool(getattr(request, "dedup_handed_over", False) or kept)
+        if kept is False:  # a retry whose arguments leave this slot (retry_keeps_slot)
+            keep = False
         # W4: a re-sent admission that granted no slot leaves nothing to free
         keep = keep or (lease is not None and lease.granted is False)
         if not keep:

@@ -48,7 +48,7 @@ from dedup_jobs.engine.message import Message
 from dedup_jobs.engine.start import DEFERRED, NONCE, Check, check_for, overlap_wait, put_off_wait
 from dedup_jobs.engine.store_errors import defer_for_store
 from dedup_jobs.engine.throttle import Slot, release_slot
-from dedup_jobs.exceptions import StoreUnavailable
+from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
 from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.cancel import REPLACING, releases_on_start, runs_exclusive
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
@@ -141,8 +141,14 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
         # W5: the first delivery ran to its end; this copy is dropped, its result kept.
         logger.info("%s[%s]: redelivered copy of a finished run dropped.", job.name, owner)
         raise Ignore()
-    slot = admit_throttle(job, args, kwargs, lambda countdown: republish(
-        job, args, kwargs, message, key, alias, countdown), message)
+    try:
+        slot = admit_throttle(job, args, kwargs, lambda countdown: republish(
+            job, args, kwargs, message, key, alias, countdown), message)
+    except InvalidJobConfiguration:
+        # L1: a limit method's bad value for this call (refused at dispatch; here a retry's
+        # new arguments): the message fails, and the lock it holds goes with it (U4)
+        job._finish(store, key, owner, alias, "failure")
+        raise
     try:
         admitted = check_lock(job, args, kwargs, message, key, alias, store)
     except PutOff:  # W5: a slot held already is the live first run's: it releases it

@@ -15,7 +15,7 @@ from dedup_jobs import keys
 from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.engine.throttle import ThrottleOptions
 from dedup_jobs.exceptions import DedupError, InvalidJobConfiguration, InvalidJobId
-from dedup_jobs.jobs.calls import checked_calls, refuse_one_message_options
+from dedup_jobs.jobs.calls import check_each, checked_calls, refuse_one_message_options
 from dedup_jobs.jobs.wake import AGAIN, wakeable, waker
 from dedup_jobs.keys import JobKey, fields_problem
 from dedup_jobs.stores import get_store
@@ -128,6 +128,7 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         refuse_one_message_options(self, options)
         batch = type(self)._batch
         if batch is None:
+            check_each(self, checked)
             return [self.apply_async(args, kwargs, **options) for args, kwargs in checked]
         return batch(self, checked, options)
 
@@ -214,6 +215,15 @@ class DedupJob(ThrottleOptions, DjangoTask):  # type: ignore[type-arg]
         message forward (``jobs/wake.py``); None where its workers cannot be woken (then a
         release calls nobody)."""
         return waker(self.app) if wakeable(self.app) else None
+
+    def retry_slot(self, args: Any, kwargs: Any) -> None:
+        """T2: a retry (same task id) of the run being executed keeps that run's slot only
+        while its arguments keep it in that slot (``retry_keeps_slot``: the same throttle
+        key, with a concurrency limit); otherwise the slot is freed when the attempt ends."""
+        if self.throttled():
+            request = self.request
+            request.update(dedup_slot_kept=self.retry_keeps_slot(
+                (request.args, request.kwargs), args, kwargs))
 
     def publish_again(self, args: Any, kwargs: Any, countdown: float,
                       finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:

@@ -30,7 +30,7 @@ from dedup_jobs.conf import app_settings
 from dedup_jobs.engine.dispatch import Dispatch, Dispatched, ask_many
 from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger, message_wait, new_task_id
-from dedup_jobs.jobs.calls import Call
+from dedup_jobs.jobs.calls import Call, check_each, check_limits
 from dedup_jobs.jobs.fused import fused_transport, why_not_fused
 from dedup_jobs.jobs.fused_many import dispatch_fused_many
 from dedup_jobs.jobs.undo import release_unpublished, undo_lock
@@ -41,6 +41,7 @@ def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list
     """The batch of a unique kind (see the module docstring); one by one when its duplicates
     do not simply return the holder's result, or in eager mode (each runs at once)."""
     if job.on_duplicate != "return" or job.app.conf.task_always_eager:
+        check_each(job, calls)
         return [job.apply_async(args, kwargs, **options) for args, kwargs in calls]
     alias = job.store_alias()
     store = job.store(alias)
@@ -48,6 +49,7 @@ def dispatch_batch(job: Any, calls: list[Call], options: dict[str, Any]) -> list
     wait = message_wait(options, now)
     dispatches = []
     for args, kwargs in calls:  # every key first: a bad argument raises before any lock
+        check_limits(job, args, kwargs)
         dispatches.append(Dispatch(key=job.job_key(args, kwargs, store), task_id=new_task_id(),
                                    ttl=job.lock_ttl(args, kwargs) + wait, generated=True,
                                    replace=False))

@@ -33,3 +33,31 @@ def refuse_one_message_options(job: Any, options: dict[str, Any]) -> None:
         raise TypeError(
             f"{job.name}.dispatch_many: {', '.join(given)} name one message (or hang a "
             f"canvas on it), not a batch. Dispatch those calls with apply_async.")
+
+
+def check_limits(job: Any, args: Any, kwargs: Any) -> None:
+    """L1: raise for a limit method's bad value for this call (what a dispatch of it raises
+    before anything is published); nothing to do for static limits."""
+    if callable(getattr(job, "concurrency", None)) or callable(getattr(job, "throttle", None)):
+        job.limits_for(args, kwargs)
+
+
+def check_each(job: Any, calls: list[Call]) -> None:
+    """L3 on the one-by-one path: raise what a dispatch of any call would raise for its
+    arguments (its key, its lifetime, its limits: L1) before the first call is dispatched,
+    so a bad call late in a batch leaves nothing of it behind. In eager mode nothing is
+    checked: each call runs at once, as ``apply_async`` runs it."""
+    if job.app.conf.task_always_eager:
+        return
+    debounce_times = getattr(job, "debounce_times", None)
+    lock_ttl = getattr(job, "lock_ttl", None)
+    for args, kwargs in calls:
+        if debounce_times is not None and debounce_times(args, kwargs)[0] is None:
+            continue  # L1: this call is not debounced: published as it is
+        if job.dedup_kind in ("unique", "debounce"):
+            job.job_key(args, kwargs)
+        if lock_ttl is not None:
+            lock_ttl(args, kwargs)
+        if job.dedup_kind == "throttle" and getattr(job, "throttle_id", None) is not None:
+            job.throttle_key(args, kwargs)
+        check_limits(job, args, kwargs)

@@ -118,6 +118,7 @@ class DebouncedJob(DedupJob):
         if task_id is not None:
             request = self.request
             if not request.called_directly and task_id == request.id:
+                self.retry_slot(args, kwargs)  # T2: its slot, while its arguments keep it
                 return publish(args, kwargs, task_id, **self._retry_options(options))
         links = chains.chain_links(options)
         if link or link_error or chains.in_group(options, links) or self.app.conf.task_always_eager:
@@ -132,6 +133,8 @@ class DebouncedJob(DedupJob):
         debounce_for, max_wait = self.debounce_times(args, kwargs)
         if debounce_for is None:  # L1: no debounce for this call
             return self._dispatched(publish(args, kwargs, task_id, **options))
+        if callable(self.concurrency) or callable(self.throttle):
+            self.limits_for(args, kwargs)  # L1: a limit method's bad value, refused by name
         if links and not (self.ignore_result or options.get("ignore_result")):
             remember_chain(self.backend, task_id, links)
         try:
@@ -378,6 +381,10 @@ class DebouncedJob(DedupJob):
 
 def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
     """What is wrong with a pair of debounce options, or None."""
+    if max_wait is not None and not callable(max_wait) and (
+            not is_seconds(max_wait) or max_wait <= 0):
+        return (f"max_wait = {max_wait!r} must be a number of seconds above 0 (or None for "
+                f"no cap){not_finite(max_wait)}.")
     if callable(debounce_for):  # L1: checked per call, with max_wait
         return None
     if debounce_for is None:
@@ -390,9 +397,6 @@ def debounce_problem(debounce_for: Any, max_wait: Any) -> str | None:
                 f"{not_finite(debounce_for)}.")
     if max_wait is None or callable(max_wait):
         return None
-    if not is_seconds(max_wait):
-        return (f"max_wait = {max_wait!r} must be a number of seconds (or None for no cap)"
-                f"{not_finite(max_wait)}.")
     if max_wait < debounce_for:
         return (
             f"max_wait = {max_wait!r} is less than debounce_for = {debounce_for!r}: "

@@ -51,8 +51,9 @@ class ThrottledJob(DedupJob):
     ) -> AsyncResult[Any]:
         retry = task_id is not None and task_id == self.request.id
         if retry:
-            # a retry (same id) keeps the slot of the attempt that is ending (T2)
-            self.request.update(dedup_slot_kept=True)
+            # a retry (same id) keeps the slot of the attempt that is ending (T2), while
+            # its arguments keep it in that slot (L1)
+            self.retry_slot(args, kwargs)
         else:
             if getattr(self, "throttle_id", None) is not None:
                 # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused

@@ -164,6 +164,8 @@ class UniqueJob(DedupJob):
         key = self.job_key(args, kwargs, store)
         if store is None:
             store = self.store(alias)
+        if not retrying and (callable(self.concurrency) or callable(self.throttle)):
+            self.limits_for(args, kwargs)  # L1: a limit method's bad value, refused by name
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
         ttl = self.lock_ttl(args, kwargs) + message_wait(options, now)
@@ -171,8 +173,10 @@ class UniqueJob(DedupJob):
             # A retry is always published; it keeps (or re-takes) its own lock for the wait.
             self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
             # The attempt that is ending must not release the lock it hands over to its
-            # retry (self.retry(throw=False) returns normally; the same id carries on).
-            self.request.update(dedup_handed_over=True)
+            # retry (self.retry(throw=False) returns normally; the same id carries on),
+            # unless the retry's arguments give another key: then it releases its own.
+            self.request.update(dedup_handed_over=self._same_key(key, alias))
+            self.retry_slot(args, kwargs)  # T2: its slot, while its arguments keep it
             return self._publish(args, kwargs, task_id, key, alias, options)
         dispatch = Dispatch(key=key, task_id=task_id, ttl=ttl, generated=generated,
                             replace=self.on_duplicate in REPLACING,
@@ -304,8 +308,11 @@ class UniqueJob(DedupJob):
                              delivery=admitted.delivery, resend=admitted.resend,
                              renew_at_once=admitted.resent) as held:
                 result = self.run(*args, **kwargs)
-        except Retry:
-            raise  # the retry was published with the lock kept for it
+        except Retry:  # the retry was published with the lock kept for it (or its own)
+            if not getattr(request, "dedup_handed_over", True) and (
+                    held is None or held.granted is not False):
+                self._finish(store, key, owner, alias, "failure")
+            raise
         except Reject as exc:
             if getattr(exc, "requeue", False):
                 # The requeued message runs next: mark the lock queued again, so that its
@@ -373,6 +380,15 @@ class UniqueJob(DedupJob):
             return
         if released and not quiet:
             notify(lock_released, type(self), key=key.key, owner=owner, store=alias, reason=reason)
+
+    def _same_key(self, key: JobKey, alias: str) -> bool:
+        """Is ``key`` (on ``alias``) the key of the run being executed (its header's)?"""
+        header = self.header()
+        try:
+            return header is None or (self.key_from_header(header) == key
+                                      and str(header["via"]) == alias)
+        except Exception:
+            return True  # (as before: a header it cannot read keeps the lock for the retry)
 
     def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any) -> None:
         """Release the lock of a message the worker drops without the job's own release
