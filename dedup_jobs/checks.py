@@ -34,7 +34,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [_error(1, f"DEDUP_JOBS must be a dict, not {type(raw).__name__} ({raw!r}).",
                        "Set DEDUP_JOBS = {'STORE': 'default', ...} or remove it.")]
     errors: list[checks.CheckMessage] = []
-    for name in sorted(set(raw) - set(DEFAULTS)):
+    for name in sorted(set(raw) - set(DEFAULTS), key=repr):
         errors.append(_error(2, f"DEDUP_JOBS has an unknown key {name!r}.",
                              f"Known keys: {', '.join(sorted(DEFAULTS))}."))
     for name in SECONDS_SETTINGS:
@@ -97,7 +97,7 @@ def task_url_problem(value: Any) -> str | None:
         return "has no {id} placeholder for the task id."
     try:
         value.format(id="x")
-    except (KeyError, IndexError, ValueError) as exc:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         return f"is not a valid template ({exc!r}): only {{id}} may stand in braces."
     return None
 
@@ -112,6 +112,8 @@ def _store_aliases() -> dict[str, list[str]]:
     for task in registered_jobs():
         try:
             used.setdefault(task.store_alias(), []).append(task.name)
+            if task.throttled():  # T1: its limits' store (throttle_via) is in use too
+                used.setdefault(task.throttle_alias(), []).append(task.name)
         except Exception:  # a via() method that fails is reported by the job check
             continue
     return used

@@ -64,3 +64,20 @@ def cancel_terminating(item: int, tag: int = 0, seconds: float = 0.0) -> int:
     time.sleep(seconds)
     record("cancel_terminating", (item, tag, "end", time.time()))
     return tag
+
+
+@shared_task(bind=True, base=UniqueJob, unique_for=60, name="tests.cancel_autoretry",
+             unique_on=("item",), on_duplicate="cancel_running",
+             autoretry_for=(RuntimeError,), retry_kwargs={"countdown": 2, "max_retries": 3})
+def cancel_autoretry(self: UniqueJob, item: int, tag: int = 0, seconds: float = 0.0) -> int:
+    """A cooperative body that raises when asked to stop, on a task with Celery's
+    autoretry_for (its RuntimeError becomes a retry)."""
+    start = time.time()
+    record("cancel_autoretry", (item, tag, "start", start))
+    while time.time() < start + seconds:
+        if self.cancel_requested():
+            record("cancel_autoretry", (item, tag, "stopped", time.time()))
+            raise RuntimeError("stopped on request")
+        time.sleep(0.05)
+    record("cancel_autoretry", (item, tag, "end", time.time()))
+    return tag

@@ -30,7 +30,7 @@ from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.jobs import registry
 from dedup_jobs.jobs.base import DedupJob
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import lock_released
+from dedup_jobs.signals import lock_released, notify
 from dedup_jobs.stores.base import RUNNING, BaseStore, LockInfo
 
 
@@ -113,9 +113,10 @@ class JobLockAdmin(ActionPageAdmin):
             if store.release(item.job_key, item.owner):
                 released += 1
                 job = registry.job_named(item.task_name)
-                lock_released.send(
+                notify(  # send_robust: a raising receiver stops no release
+                    lock_released,
                     # K4: a Django task is its own sender
-                    sender=type(job) if job is not None
+                    type(job) if job is not None
                     else django_tasks.find(item.task_name) or DedupJob,
                     key=item.key,
                     owner=item.owner,

@@ -58,6 +58,18 @@ def revoke(task: DebouncedJob, due: Due, reason: str, *, skip: str = "") -> None
                             f"the chain of dispatch {dispatch} does not go on: {reason}")
 
 
+def revoke_owed(task: DebouncedJob, owed: list[str], reason: str) -> None:
+    """End ``owed``, the dispatches a claimed burst's message still answers for (a retry's
+    header names them), REVOKED with ``reason``, with the later links of their chains: that
+    message was revoked or expired, and the burst's state went when it was claimed."""
+    if task.ignore_result or not owed:
+        return
+    found = record_outcome(task.backend, owed, TaskRevokedError(reason), REVOKED)
+    for dispatch, links in found.items():
+        chains.revoke_links(task.backend, links,
+                            f"the chain of dispatch {dispatch} does not go on: {reason}")
+
+
 def undo(task: DebouncedJob, store: BaseStore, key: JobKey, task_id: str,
          publish: Any) -> bool:
     """S7: undo the failed dispatch ``task_id`` (``engine/debounce.py``): ``publish(winner,

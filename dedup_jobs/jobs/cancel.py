@@ -72,7 +72,11 @@ def run_cancellable(job: UniqueJob, held: Any, key: JobKey, body: Callable[[], A
     owner = str(job.request.id)
     try:
         result = body()
-    except (Retry, Ignore, Reject):
+    except (Retry, Ignore, Reject) as exc:
+        # a retry of a run asked to stop (an explicit one, or autoretry_for turning the
+        # body's error into one) was not sent (UniqueJob.apply_async): the run ends cancelled
+        if isinstance(exc, Retry) and job.cancel_requested():
+            end_cancelled(job, owner, held.cancel, key)
         raise
     except Exception:
         if not job.cancel_requested():

@@ -34,7 +34,7 @@ from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
 from dedup_jobs.jobs.request import finished, is_redelivered
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import job_debounced
+from dedup_jobs.signals import job_debounced, notify
 from dedup_jobs.stores.base import (
     ADOPTED,
     CLAIMED,
@@ -163,8 +163,9 @@ class DebouncedJob(DedupJob):
             return self._dispatched(publish(args, kwargs, task_id, **options))
         if answer.superseded:
             metrics.decision(self.name, "superseded", key.key)
-            job_debounced.send(
-                sender=type(self),
+            notify(  # send_robust: a raising receiver fails no dispatch
+                job_debounced,
+                type(self),
                 debounce_id=key.ident,
                 superseded_id=answer.superseded,
                 by_id=task_id,
@@ -230,7 +231,10 @@ class DebouncedJob(DedupJob):
         (the next dispatch starts a new burst, instead of joining one that will never run)
         and every dispatch it had absorbed ends REVOKED too, with the later links of every
         chain in it (``chain``: the message's own)."""
-        if header.get(CLAIMED_FLAG):
+        reason = f"debounce burst cancelled: its message {message_id} was revoked"
+        if header.get(CLAIMED_FLAG):  # a claimed burst's retry: its state went at the claim
+            owed = [i for i in header.get(ABSORBED) or () if i != message_id]
+            bursts.revoke_owed(self, owed, reason)
             return
         try:
             due = debounce.take(self.store(str(header["via"])), self.key_from_header(header),
@@ -245,7 +249,6 @@ class DebouncedJob(DedupJob):
             return
         if due is None:
             return
-        reason = f"debounce burst cancelled: its message {message_id} was revoked"
         bursts.revoke(self, due, reason, skip=message_id)
         chains.revoke_links(self.backend, list(chain or ()),
                             f"the chain of dispatch {message_id} does not go on: {reason}")
@@ -349,7 +352,9 @@ class DebouncedJob(DedupJob):
         metrics.decision(self.name, "ran")
         request.dedup_absorbed = others  # type: ignore[attr-defined]
         request.dedup_winner = winner  # type: ignore[attr-defined]
-        keep = not (self.ignore_result or request.ignore_result)
+        # the others' answers are kept unless the job ignores results: a per-call
+        # ignore_result is the burst's first dispatch's, not theirs (D4)
+        keep = not self.ignore_result
         # T2/T3: the claimed burst waits for a slot or a start, re-published with its
         # latest arguments, claimed (later dispatches start a new burst, as during a run)
         slot = admit_throttle(self, args, kwargs, lambda countdown: self._wait_claimed(

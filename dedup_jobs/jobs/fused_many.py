@@ -92,7 +92,10 @@ def dispatch_fused_many(job: Any, store: Any, calls: list[Call], dispatches: lis
         fused = [b.call for b in chunk]
         try:
             answers = store.acquire_fused_many(fused)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
+            if start == 0 and transport.denied(exc):  # nothing ran (NOPERM): two round trips
+                refuse(job, store, alias, exc)
+                return None
             for call in fused:  # S7: any call of the round trip may have run
                 undo_fused(job, store, call, revoke=True)
             raise

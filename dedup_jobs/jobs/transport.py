@@ -22,6 +22,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.stores.answers import Acquired
 from dedup_jobs.stores.redis.fused import FusedCall
 
@@ -78,7 +79,12 @@ class Channel(kombu_redis.Channel):
         if pending.capture:
             pending.message = message
             return None
-        pending.answer = pending.store.acquire_fused(pending.call)
+        try:
+            pending.answer = pending.store.acquire_fused(pending.call)
+        except StoreUnavailable as exc:
+            if denied(exc):
+                raise Unfusable(f"the store's Redis user may not run it ({exc.__cause__})") from exc
+            raise
         return None
 
     def _unfusable(self, exchange: Any, routing_key: Any, kwargs: dict[str, Any],
@@ -110,6 +116,15 @@ class Channel(kombu_redis.Channel):
                 except (redis.ResponseError, KeyError, TypeError):
                     self._dedup_server = ""
         return self._dedup_server
+
+
+def denied(exc: BaseException) -> bool:
+    """Did the server refuse a fused call for the store's Redis user's permissions (NOPERM:
+    its keys are checked before the script runs, and its one command that could be denied
+    before any write is the SELECT of the broker's database)? Nothing of it ran: the job
+    takes two round trips, each as its own connection's user."""
+    cause = exc.__cause__ or exc
+    return type(cause).__name__ == "NoPermissionError" or "NOPERM" in str(cause)
 
 
 class Transport(kombu_redis.Transport):

@@ -170,6 +170,8 @@ class UniqueJob(DedupJob):
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
         ttl = self.lock_ttl(args, kwargs) + message_wait(options, now)
         if retrying:
+            if self.cancel_requested():  # L2: a run asked to stop ends cancelled, unretried
+                return self.AsyncResult(task_id)  # (run_cancellable: REVOKED)
             # A retry is always published; it keeps (or re-takes) its own lock for the wait.
             self._try_acquire(store, key, task_id, ttl, now, reentrant=True)
             # The attempt that is ending must not release the lock it hands over to its

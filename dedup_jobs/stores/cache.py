@@ -30,6 +30,7 @@ from uuid import uuid4
 from django.core.cache import caches
 
 from dedup_jobs.conf import app_settings
+from dedup_jobs.exceptions import InvalidJobId
 from dedup_jobs.keys import JobKey
 from dedup_jobs.stores.base import (
     ADOPTED,
@@ -104,6 +105,11 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
 
         #: memcached refuses keys with spaces or control characters, or over 250 bytes
         self.strict_keys = isinstance(self.cache, BaseMemcachedCache)
+        from django.core.cache.backends.db import DatabaseCache
+
+        #: Django's database cache keeps a key in a column of 255 characters (PostgreSQL and
+        #: MariaDB refuse a longer one, and the cache takes the refusal for a miss)
+        self.key_column = 255 if isinstance(self.cache, DatabaseCache) else None
         self.calls: DjangoCacheCalls | MemcachedClient
         if isinstance(self.cache, PyMemcacheCache):
             from dedup_jobs.stores.memcached import MemcachedClient
@@ -117,26 +123,37 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
     def close(self) -> None:
         self.calls.close()
 
-    def key_problem(self, key: JobKey) -> str | None:
+    def key_problem(self, key: JobKey, *, message: str = "0" * 36) -> str | None:
         """On memcached, every cache key the store writes for ``key`` (the longest: a
         debounce's per-dispatch id keys) must pass the cache's own key check, after its
         KEY_PREFIX, VERSION and KEY_FUNCTION (a key function that hashes makes any id fit)."""
-        if not self.strict_keys:
+        if not self.strict_keys and self.key_column is None:
             return None
         from django.core.cache.backends.base import InvalidCacheKey
 
-        longest = key.key
+        # the longest key written for it: a debounce's per-dispatch id keys; a lock's
+        # running marker's undo tombstone (R2, S7)
+        longest = f"{key.key}:run:undo"
         if key.key.startswith(f"{app_settings.KEY_PREFIX}:debounce:"):
-            longest = self._ids_key(key, "0" * 36, 999_999)
+            longest = self._ids_key(key, message, 999_999)  # (a generated id: 36)
+        made = self.cache.make_key(longest)
+        fix = ("Return an id short enough (e.g. a hash of it), set a KEY_FUNCTION on the "
+               "cache that hashes keys, or use a django-redis cache or the database store.")
+        if self.key_column is not None:
+            if len(made) > self.key_column:
+                return (f"Django's database cache keeps keys of at most {self.key_column} "
+                        f"characters, and this id makes one of {len(made)}. {fix}")
+            return None
         try:
-            self.cache.validate_key(self.cache.make_key(longest))
+            self.cache.validate_key(made)
         except InvalidCacheKey as exc:
-            return (
-                f"memcached cannot hold in a key ({exc}). Return an id without spaces or "
-                f"control characters and short enough (e.g. a hash of it), set a "
-                f"KEY_FUNCTION on the cache that hashes keys, or use a django-redis cache or "
-                f"the database store."
-            )
+            return (f"memcached cannot hold in a key ({exc}). Return an id without spaces "
+                    f"or control characters and short enough (e.g. a hash of it), set a "
+                    f"KEY_FUNCTION on the cache that hashes keys, or use a django-redis "
+                    f"cache or the database store.")
+        if len(made.encode("utf-8")) > 250:  # Django counts characters, memcached bytes
+            return (f"memcached keeps keys of at most 250 bytes, and this id makes one of "
+                    f"{len(made.encode('utf-8'))} (in UTF-8). {fix}")
         return None
 
     def _value(self, key: JobKey, owner: str, state: str, now: float, ttl: float,
@@ -293,6 +310,10 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
         max_wait: float | None, ttl: float,
     ) -> Debounced:
+        if len(task_id) > 36 and self.key_problem(key, message=task_id):
+            # an explicit task id longer than a generated one: its burst's keys may not fit
+            raise InvalidJobId(key.task_name, "apply_async(task_id=...)", task_id,
+                               str(self.key_problem(key, message=task_id)))
         deadline = self.deadline_ms()
         seen = self._seen_key(key, task_id)
         with self._mutex(key):

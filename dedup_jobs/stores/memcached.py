@@ -186,9 +186,11 @@ class MemcachedClient:
     def _expire(self, ttl: float) -> int:
         """memcached counts whole seconds on its own clock, and an item with exptime n lives
         between n - 1 and n seconds: ceil(ttl) + 1, so a lock never lives shorter than
-        asked (at most 2 s longer)."""
+        asked (at most 2 s longer). Over 30 days the exptime is a Unix time, in 32 bits:
+        one past 2038-01-19 arrives expired, so such a lifetime is no expiry (0): the item
+        lives until it is released (or evicted)."""
         expire: int = self.cache.get_backend_timeout(math.ceil(ttl) + 1)
-        return expire
+        return 0 if expire >= 2**31 else expire
 
     def add(self, name: str, value: Any, ttl: float) -> bool:
         key = self._key(name)

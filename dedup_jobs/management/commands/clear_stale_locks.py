@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.connection import ConnectionDoesNotExist
 
 from dedup_jobs import clock
-from dedup_jobs.conf import app_settings
+from dedup_jobs.conf import app_settings, is_seconds, not_finite
 from dedup_jobs.django_tasks import registry as django_tasks
 from dedup_jobs.engine import debounce
 from dedup_jobs.exceptions import DedupError, StoreUnavailable
@@ -19,7 +20,7 @@ from dedup_jobs.jobs import bursts, registry
 from dedup_jobs.jobs.base import DedupJob
 from dedup_jobs.jobs.debounced import DebouncedJob
 from dedup_jobs.keys import JobKey
-from dedup_jobs.signals import lock_released
+from dedup_jobs.signals import lock_released, notify
 from dedup_jobs.stale import BackendUnavailable, OwnerStates, Presence, pending_bursts
 from dedup_jobs.stores import get_store
 from dedup_jobs.stores.base import RUNNING, BaseStore, LockInfo
@@ -34,8 +35,9 @@ def positive_seconds(value: str) -> float:
         seconds = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a number of seconds above 0")
+    if not (is_seconds(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{value!r} must be a number of seconds above 0"
+                                         f"{not_finite(seconds)}")
     return seconds
 
 
@@ -155,6 +157,10 @@ class Command(BaseCommand):
                     self._say(f"… {scanned} locks scanned in store {alias!r}")
         except StoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
+        except ConnectionDoesNotExist as exc:
+            raise CommandError(
+                f"store {alias!r}: {exc} (DEDUP_JOBS['DATABASE_ALIAS'] = "
+                f"{app_settings.DATABASE_ALIAS!r}). Name a DATABASES entry there.") from exc
         except BackendUnavailable as exc:
             raise CommandError(
                 f"the Celery result backend could not be read ({exc}); nothing more was removed."
@@ -309,8 +315,9 @@ class Command(BaseCommand):
             )
             return
         self.totals["removed"] += 1
-        lock_released.send(
-            sender=self.senders.get(lock.task_name, DedupJob),
+        notify(  # send_robust: a raising receiver stops no release
+            lock_released,
+            self.senders.get(lock.task_name, DedupJob),
             key=lock.key,
             owner=lock.owner,
             store=target.alias,
