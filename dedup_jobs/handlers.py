@@ -40,7 +40,8 @@ def _revoked(sender: Any = None, request: Any = None, **kwargs: Any) -> None:
         return
     if isinstance(task, UniqueJob):
         task.release_dropped(
-            request.id, header, getattr(request, "args", None), getattr(request, "kwargs", None)
+            request.id, header, getattr(request, "args", None), getattr(request, "kwargs", None),
+            ran=bool(kwargs.get("terminated")),  # revoked or expired before it ran: not run
         )
 
 

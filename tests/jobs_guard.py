@@ -194,3 +194,15 @@ def guard_busy(token: str, seconds: float) -> str:
         pass
     record(token, "done")
     return token
+
+
+@shared_task(bind=True, base=UniqueJob, unique_for=60, unique_on=("token",),
+             name="tests.guard_replace_page")
+def guard_replace_page(self: UniqueJob, token: str, page: int = 0, gate: str = "") -> Any:
+    """Page 0 replaces itself (Task.replace: the same id, the same key) by page 1, which
+    starts 3 s later and waits for the gate."""
+    record(token, page)
+    if page == 0:
+        return self.replace(guard_replace_page.si(token, 1, gate=gate).set(countdown=3))
+    wait_gate(gate)
+    return page

@@ -48,7 +48,7 @@ from dedup_jobs.engine.message import Message
 from dedup_jobs.engine.start import DEFERRED, NONCE, Check, check_for, overlap_wait, put_off_wait
 from dedup_jobs.engine.store_errors import defer_for_store
 from dedup_jobs.engine.throttle import Slot, release_slot
-from dedup_jobs.exceptions import InvalidJobConfiguration, StoreUnavailable
+from dedup_jobs.exceptions import StoreUnavailable
 from dedup_jobs.jobs.base import logger
 from dedup_jobs.jobs.cancel import REPLACING, releases_on_start, runs_exclusive
 from dedup_jobs.jobs.chains import revoke_rest_of_chain
@@ -144,9 +144,12 @@ def _decide(job: UniqueJob, args: Any, kwargs: Any) -> Admitted:
     try:
         slot = admit_throttle(job, args, kwargs, lambda countdown: republish(
             job, args, kwargs, message, key, alias, countdown), message)
-    except InvalidJobConfiguration:
+    except Ignore:
+        raise  # deferred: its re-publish carries the lock on
+    except Exception:
         # L1: a limit method's bad value for this call (refused at dispatch; here a retry's
-        # new arguments): the message fails, and the lock it holds goes with it (U4)
+        # new arguments), or a deferral the broker would not take: the message fails, and
+        # the lock it holds goes with it (U4)
         job._finish(store, key, owner, alias, "failure")
         raise
     try:

@@ -64,6 +64,9 @@ def revoke_links(backend: Any, links: Iterable[Mapping[str, Any]], reason: str) 
     """The later links of a chain that does not continue never run: mark each REVOKED, so
     that the chain's result (its last link) is ready and a chord it belongs to is told."""
     for link in links:
+        # a group's or chord's members (a chord's body too) never run either: their results
+        # are what the caller's GroupResult or chord waits on
+        revoke_links(backend, _members(link), reason)
         options = dict(link.get("options") or {})
         task_id = options.get("task_id")
         if not task_id:
@@ -77,6 +80,20 @@ def revoke_links(backend: Any, links: Iterable[Mapping[str, Any]], reason: str) 
                 task_id,
                 exc_info=True,
             )
+
+
+def _members(link: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The signatures inside a canvas link: a group's or chain's tasks, a chord's header and
+    body ([] for a task)."""
+    kind, kwargs = link.get("subtask_type"), link.get("kwargs") or {}
+    if kind in ("group", "chain"):
+        return [t for t in kwargs.get("tasks") or () if isinstance(t, Mapping)]
+    if kind == "chord":
+        header = kwargs.get("header") or {}
+        members = _members(header) if isinstance(header, Mapping) else list(header)
+        body = kwargs.get("body")
+        return [*members, *([body] if isinstance(body, Mapping) else [])]
+    return []
 
 
 def superseded_reason(dispatch: str, winner: str | None, run: str) -> str:

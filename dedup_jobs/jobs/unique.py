@@ -324,8 +324,9 @@ class UniqueJob(DedupJob):
             elif held is None or held.granted is not False:
                 self._finish(store, key, owner, alias, "failure")
             raise
-        except Ignore:
-            if held is None or held.granted is not False:
+        except Ignore:  # (Task.replace() by the same key hands the lock over: kept)
+            if (held is None or held.granted is not False) and not getattr(
+                    request, "dedup_handed_over", False):
                 self._finish(store, key, owner, alias, "success")
             raise
         except BaseException:
@@ -367,17 +368,18 @@ class UniqueJob(DedupJob):
         return bool(held is not None and held.cancel and not self.observing())
 
     def _finish(self, store: BaseStore, key: JobKey, owner: str, alias: str, reason: str,
-                *, quiet: bool = False) -> None:
+                *, quiet: bool = False, queued_only: bool = False) -> None:
         """Compare-and-delete ``owner``'s lock (or running marker: ``quiet``, no signal). A
         release that cannot reach the store is re-sent until it answers (W4: its reply may
         be lost, or it never ran), for as long as the lock could live."""
+        release = store.release_queued if queued_only else store.release
         try:
-            released = store.release(key, owner)
+            released = release(key, owner)
         except StoreUnavailable:
             logger.warning("%s[%s]: could not release %s; released as soon as the store "
                            "answers.", self.name, owner, key.key, exc_info=True)
             rollbacks.add(f"{key.key} of finished task {owner}",
-                          lambda: bool(store.release(key, owner)), store=store,
+                          lambda: bool(release(key, owner)), store=store,
                           lifetime=self._running_ttl() + app_settings.LEASE_SECONDS)
             return
         if released and not quiet:
@@ -392,12 +394,15 @@ class UniqueJob(DedupJob):
         except Exception:
             return True  # (as before: a header it cannot read keeps the lock for the retry)
 
-    def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any) -> None:
+    def release_dropped(self, owner: str, header: Any, args: Any, kwargs: Any, *,
+                        ran: bool = True) -> None:
         """Release the lock of a message the worker drops without the job's own release
         running: revoked or expired before it ran, terminated, killed by its hard time limit.
         Called in the worker's main process. Compare-and-delete by ``owner``, so it is a no-op
         when the lock is gone or held by another owner (which is also why recomputing the key
-        of a message without the header is safe here)."""
+        of a message without the header is safe here). ``ran`` False (dropped before it ran):
+        only a lock still queued goes; a running one is another delivery's of the same id
+        (W5), where the store can tell (``release_queued``)."""
         try:
             if isinstance(header, dict):
                 key, alias = self.key_from_header(header), str(header["via"])
@@ -408,6 +413,9 @@ class UniqueJob(DedupJob):
                            "expires by itself.", self.name, owner, exc_info=True)
             return
         store = self.store(alias)
+        if not ran and store.can_list:
+            self._finish(store, key, owner, alias, "failure", queued_only=True)
+            return
         if runs_exclusive(self):  # its running marker too (L2: a terminated run, R2)
             name_canceller(self, store, key, owner)
             self._finish(store, running_key(key), owner, alias, "", quiet=True)

@@ -107,10 +107,13 @@ def _move(timer: Any, task_id: str) -> bool:
     scheduled = getattr(worker_state, "scheduled_requests", None)
     if scheduled is None:  # Celery before 5.7 keeps no index of the requests it holds
         request, entry = _held(timer, task_id)
+        if request is not None and not _re_published(request):
+            return False
     else:
         # by id among the held requests: ``worker_state.requests`` may have lost it (the
         # deferred delivery, ending after its copy arrived, popped the id)
-        request = next((held for held in tuple(scheduled) if held.id == task_id), None)
+        request = next((held for held in tuple(scheduled)
+                        if held.id == task_id and _re_published(held)), None)
         entry = getattr(request, "_eta_timer_entry", None)
     if entry is None or entry.canceled or not any(e.entry is entry for e in timer._queue):
         # not (or no longer) waiting in the timer: its countdown ended (with a rate limit,
@@ -144,9 +147,7 @@ def _arrived(sender: Any = None, request: Any = None, **_: Any) -> None:
     deadline = _missed.pop(str(getattr(request, "id", "")), None)
     if deadline is None or deadline < time.monotonic() or not getattr(request, "eta", None):
         return
-    headers = getattr(request, "request_dict", None) or {}
-    retries = headers.get("retries")
-    if retries is None or headers.get(AGAIN) != retries:
+    if not _re_published(request):
         return  # not a waiter's re-publish: a retry (one more try), or the user's own publish
     timer = getattr(sender, "timer", None)
     if timer is not None and not isinstance(timer, threading.Thread):
@@ -154,6 +155,14 @@ def _arrived(sender: Any = None, request: Any = None, **_: Any) -> None:
 
 
 task_received.connect(_arrived, weak=False)
+
+
+def _re_published(request: Any) -> bool:
+    """Is ``request`` a waiter's re-publish of the try it carries (:data:`AGAIN`), not a
+    retry of it (one more try) nor a message the project published itself with that id?"""
+    headers = getattr(request, "request_dict", None) or {}
+    retries = headers.get("retries")
+    return retries is not None and headers.get(AGAIN) == retries
 
 
 def _held(timer: Any, task_id: str) -> tuple[Any, Any]:
