@@ -32,6 +32,7 @@ from dedup_jobs.jobs import bursts, chains
 from dedup_jobs.jobs.absorbed import FAILURE, SUCCESS, record_outcome, remember_chain
 from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob, logger, new_task_id
+from dedup_jobs.jobs.calls import check_limits
 from dedup_jobs.jobs.request import finished, is_redelivered
 from dedup_jobs.keys import JobKey
 from dedup_jobs.signals import job_debounced, notify
@@ -133,8 +134,7 @@ class DebouncedJob(DedupJob):
         debounce_for, max_wait = self.debounce_times(args, kwargs)
         if debounce_for is None:  # L1: no debounce for this call
             return self._dispatched(publish(args, kwargs, task_id, **options))
-        if callable(self.concurrency) or callable(self.throttle):
-            self.limits_for(args, kwargs)  # L1: a limit method's bad value, refused by name
+        check_limits(self, args, kwargs)  # L1: a limit method's bad value, by name
         if links and not (self.ignore_result or options.get("ignore_result")):
             remember_chain(self.backend, task_id, links)
         try:

@@ -19,6 +19,7 @@ from dedup_jobs.engine.throttle import holding
 from dedup_jobs.exceptions import InvalidJobConfiguration
 from dedup_jobs.jobs.admission import admit_throttle
 from dedup_jobs.jobs.base import DedupJob
+from dedup_jobs.jobs.calls import check_limits
 
 
 class ThrottledJob(DedupJob):
@@ -59,9 +60,8 @@ class ThrottledJob(DedupJob):
                 # A4: an id the hook cannot give (not a str or an int, a NUL...) is refused
                 # here, naming the hook, rather than running unthrottled at the worker
                 self.throttle_key(args, kwargs)
-            if callable(self.concurrency) or callable(self.throttle):
-                # L1: a limit method's bad value is refused here, at dispatch, naming it
-                self.limits_for(args, kwargs)
+            # L1: a limit method's bad value is refused here, at dispatch, naming it
+            check_limits(self, args, kwargs)
         result = super().apply_async(args, kwargs, task_id, **options)
         if not retry:
             # A5: a dispatch published (a deferral's re-publish is counted "deferred" and

@@ -32,6 +32,7 @@ from dedup_jobs.exceptions import (
 from dedup_jobs.jobs.admission import OBSERVED, Admitted, admit
 from dedup_jobs.jobs.base import DedupJob, logger, message_wait, new_task_id
 from dedup_jobs.jobs.bulk import dispatch_batch
+from dedup_jobs.jobs.calls import check_limits
 from dedup_jobs.jobs.cancel import (
     CANCEL_RUNNING,
     REPLACING,
@@ -164,8 +165,8 @@ class UniqueJob(DedupJob):
         key = self.job_key(args, kwargs, store)
         if store is None:
             store = self.store(alias)
-        if not retrying and (callable(self.concurrency) or callable(self.throttle)):
-            self.limits_for(args, kwargs)  # L1: a limit method's bad value, refused by name
+        if not retrying:
+            check_limits(self, args, kwargs)  # L1: a limit method's bad value, by name
         now = clock.now()
         # A message that waits (countdown/eta) keeps its lock for the wait, then unique_for.
         ttl = self.lock_ttl(args, kwargs) + message_wait(options, now)

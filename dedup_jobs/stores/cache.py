@@ -310,10 +310,10 @@ class CacheStore(CacheFlowMixin, CacheDebounceMixin, BaseStore):
         self, key: JobKey, task_id: str, payload: str, *, now: float, debounce_for: float,
         max_wait: float | None, ttl: float,
     ) -> Debounced:
-        if len(task_id) > 36 and self.key_problem(key, message=task_id):
-            # an explicit task id longer than a generated one: its burst's keys may not fit
-            raise InvalidJobId(key.task_name, "apply_async(task_id=...)", task_id,
-                               str(self.key_problem(key, message=task_id)))
+        # an explicit task id longer than a generated one: its burst's keys may not fit
+        problem = self.key_problem(key, message=task_id) if len(task_id) > 36 else None
+        if problem:
+            raise InvalidJobId(key.task_name, "apply_async(task_id=...)", task_id, problem)
         deadline = self.deadline_ms()
         seen = self._seen_key(key, task_id)
         with self._mutex(key):
